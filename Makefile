@@ -1,0 +1,37 @@
+# devchar: `make run` characterizes this machine; `make test` runs the tests.
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+export DEVCHAR_HOME ?= $(CURDIR)/.devchar
+
+.PHONY: run test ui mlflow lock clean
+
+# Re-installs only when the requirements change (the stamp is older than them).
+$(STAMP): requirements.txt requirements.lock pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	# torch first, from the local CPU wheel: letting another package pull it brings a CUDA build.
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -r requirements.txt -c requirements.lock
+	$(PY) -m pip install -q --no-deps --no-build-isolation -e .
+	touch $(STAMP)
+
+run: $(STAMP)
+	$(VENV)/bin/devchar run
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+ui: $(STAMP)
+	$(VENV)/bin/devchar ui
+
+mlflow: $(STAMP)
+	$(VENV)/bin/mlflow ui --backend-store-uri sqlite:///$(DEVCHAR_HOME)/mlflow.db --host 127.0.0.1 --port 5000
+
+# Regenerate the lock from the current venv (after changing requirements.txt).
+lock: $(STAMP)
+	$(PY) -m pip freeze --exclude-editable | grep -v -E '^(torch|devchar)[=@ ]' > requirements.lock
+
+clean:
+	rm -rf $(DEVCHAR_HOME)

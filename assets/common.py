@@ -1,0 +1,32 @@
+"""Small helpers the assets share: resources' keys, images in metadata, data hashes."""
+from __future__ import annotations
+
+import base64
+import hashlib
+
+import dagster as dg
+import pandas as pd
+
+from pipeline.config import devchar_home
+
+
+def image_md(png: bytes, title: str) -> dg.MetadataValue:
+    """A PNG embedded in markdown, so the Dagster UI shows it inline."""
+    return dg.MetadataValue.md(f"**{title}**\n\n![{title}](data:image/png;base64,{base64.b64encode(png).decode()})")
+
+
+def save_plot(png: bytes, device: str, name: str):
+    path = devchar_home() / "plots" / device / f"{name}.png"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(png)
+    return path
+
+
+def data_hash(df: pd.DataFrame) -> str:
+    cols = sorted(c for c in df.columns if c != "run_id")
+    h = pd.util.hash_pandas_object(df[cols].sort_values(cols[:4]).reset_index(drop=True), index=False)
+    return hashlib.sha256(h.to_numpy().tobytes()).hexdigest()[:16]
+
+
+def md_table(df: pd.DataFrame, floatfmt: str = ".3g") -> dg.MetadataValue:
+    return dg.MetadataValue.md(df.to_markdown(index=False, floatfmt=floatfmt) if not df.empty else "_no rows_")

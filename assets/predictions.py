@@ -1,0 +1,72 @@
+"""Predictions beside measurements: transformer_predictions and the accuracy_report."""
+
+import pandas as pd
+
+import dagster as dg
+from assets.common import image_md, md_table, save_plot
+from assets.models import gemm_model, heldout_errors, utility_model
+from assets.samples import workload_runs
+from pipeline.partitions import devices
+from pipeline.plots import predicted_vs_measured
+from pipeline.predict.evaluate import error_table
+from pipeline.predict.metrics import rel_err
+from pipeline.predict.workload import predict_ops
+from pipeline.workloads.gpt2 import GPT2Spec, gpt2_ops
+from resources.model_store import ModelStore
+from resources.warehouse import DuckDBWarehouse
+
+GROUP = "predict"
+PREDICTOR = "devchar_kernel_sum"  # PM2Lat: the sum of predicted kernel times, no host overhead
+
+
+def predict_workload_rows(runs: pd.DataFrame, gemm, utility, bias_copy: bool) -> pd.DataFrame:
+    rows = []
+    for r in runs.itertuples():
+        spec = GPT2Spec(r.config, int(r.n_layer), int(r.n_embd), int(r.n_head), int(r.vocab_size))
+        total_us, by_type = predict_ops(gpt2_ops(spec, int(r.batch), int(r.seq), bias_copy=bias_copy), r.dtype,
+                                        gemm, utility)
+        rows.append({"device": r.device, "workload": r.workload, "config": r.config, "batch": int(r.batch),
+                     "seq": int(r.seq), "mode": r.mode, "dtype": r.dtype, "predictor": PREDICTOR,
+                     "predicted_ms": total_us / 1e3, "measured_ms": float(r.measured_ms),
+                     **{f"pred_{k.lower()}_ms": v / 1e3 for k, v in by_type.items()}})
+    out = pd.DataFrame(rows)
+    return out.assign(rel_err=rel_err(out["predicted_ms"], out["measured_ms"]))
+
+
+@dg.asset(partitions_def=devices, group_name=GROUP, kinds={"numpy", "duckdb"},
+          deps=[gemm_model, utility_model, workload_runs], automation_condition=dg.AutomationCondition.eager())
+def transformer_predictions(context: dg.AssetExecutionContext, warehouse: DuckDBWarehouse,
+                            model_store: ModelStore) -> dg.MaterializeResult:
+    """GPT-2 forward latency predicted from the operator list, beside the measured run."""
+    device = context.partition_key
+    runs = warehouse.device_rows("workload_runs", device)
+    kind = warehouse.device_rows("devices", device)["kind"].iloc[0]
+    gemm, utility = model_store.load(device, "gemm_model"), model_store.load(device, "utility_model")
+    # CPU addmm copies the bias into the output first; cuBLASLt fuses it into the GEMM epilogue.
+    pred = predict_workload_rows(runs, gemm, utility, bias_copy=kind == "cpu").assign(run_id=context.run.run_id[:12])
+    warehouse.replace_partition("predictions", device, pred)
+    png = predicted_vs_measured({"GPT-2 forward": (pred["measured_ms"].to_numpy(), pred["predicted_ms"].to_numpy())},
+                                unit="ms")
+    save_plot(png, device, "transformer_predicted_vs_measured")
+    table = pred[["config", "batch", "seq", "predicted_ms", "measured_ms", "rel_err"]]
+    return dg.MaterializeResult(metadata={
+        "rows": len(pred), "mean_abs_rel_err": float(pred["rel_err"].abs().mean()),
+        "predictions": md_table(table), "predicted_vs_measured": image_md(png, "GPT-2: predicted vs measured")})
+
+
+@dg.asset(partitions_def=devices, group_name=GROUP, kinds={"duckdb"}, deps=[transformer_predictions],
+          automation_condition=dg.AutomationCondition.eager())
+def accuracy_report(context: dg.AssetExecutionContext, warehouse: DuckDBWarehouse,
+                    model_store: ModelStore) -> dg.MaterializeResult:
+    """PM2Lat Table II (per layer type x dtype, held-out shapes) and Table IV (per workload x batch)."""
+    device = context.partition_key
+    held = heldout_errors(warehouse, model_store, device)
+    per_layer = error_table(held, ["layer_type", "dtype"]).assign(model="devchar", device=device,
+                                                                  run_id=context.run.run_id[:12])
+    warehouse.replace_partition("model_errors", device, per_layer)
+    pred = warehouse.device_rows("predictions", device)
+    per_workload = pred[["config", "batch", "seq", "predictor", "predicted_ms", "measured_ms", "rel_err"]]
+    return dg.MaterializeResult(metadata={
+        "table_ii_per_layer": md_table(per_layer[["layer_type", "dtype", "n", "mean_rel_err", "max_rel_err"]]),
+        "table_iv_per_workload": md_table(per_workload),
+        "workload_mean_abs_rel_err": float(pred["rel_err"].abs().mean())})

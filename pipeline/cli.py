@@ -1,0 +1,148 @@
+"""`devchar`: run (characterize + fit + predict the local device), predict, sql, ui, load."""
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from pipeline.config import REPO_ROOT, dagster_home, devchar_home, mlflow_uri
+from pipeline.errors import DevcharError
+
+
+def _prepare_home() -> None:
+    os.environ.setdefault("DEVCHAR_HOME", str(devchar_home()))
+    dagster_home().mkdir(parents=True, exist_ok=True)
+    os.environ["DAGSTER_HOME"] = str(dagster_home())
+
+
+def _warehouse():
+    from resources.warehouse import DuckDBWarehouse
+
+    return DuckDBWarehouse()
+
+
+def cmd_run(args) -> int:
+    if args.profile:
+        os.environ["DEVCHAR_PROFILE"] = args.profile
+    _prepare_home()
+    import dagster as dg
+
+    from pipeline.definitions import defs
+    from pipeline.device.discover import identify
+    from pipeline.partitions import devices
+
+    slug = identify(args.device).slug
+    instance = dg.DagsterInstance.get()
+    if not instance.has_dynamic_partition(devices.name, slug):
+        instance.add_dynamic_partitions(devices.name, [slug])
+    print(f"devchar: characterizing {slug} (profile {os.environ.get('DEVCHAR_PROFILE', 'quick')}); "
+          f"state in {devchar_home()}", flush=True)
+    result = defs.resolve_job_def("characterize_device").execute_in_process(
+        partition_key=slug, instance=instance, raise_on_error=False,
+        run_config={"loggers": {"console": {"config": {"log_level": args.log_level}}}})
+    print(summary(slug))
+    if not result.success:
+        failed = [e.step_key for e in result.all_events if e.event_type_value == "STEP_FAILURE"]
+        print(f"devchar: run {result.run_id} failed at {failed}; see `make ui` for its logs", file=sys.stderr)
+        return 1
+    return 0
+
+
+def summary(device: str) -> str:
+    from pipeline.report import render_summary
+
+    return render_summary(_warehouse(), device)
+
+
+def cmd_predict(args) -> int:
+    from pipeline.predict import store
+    from pipeline.predict.workload import predict_ops
+    from pipeline.workloads.gpt2 import GPT2Spec, gpt2_ops
+    from pipeline.config import model_store_root
+
+    spec = GPT2Spec(args.name, args.layers, args.hidden, args.heads, args.vocab)
+    gemm = store.load(model_store_root(), args.device, "gemm_model")
+    utility = store.load(model_store_root(), args.device, "utility_model")
+    total, by_type = predict_ops(gpt2_ops(spec, args.batch, args.seq, bias_copy=args.device.startswith("cpu")),
+                                 args.dtype, gemm, utility)
+    parts = ", ".join(f"{k} {v / 1e3:.2f}" for k, v in sorted(by_type.items()))
+    print(f"{spec.name} batch={args.batch} seq={args.seq} on {args.device}: predicted {total / 1e3:.2f} ms ({parts})")
+    return 0
+
+
+def cmd_sql(args) -> int:
+    import pandas as pd
+
+    with pd.option_context("display.max_rows", 200, "display.width", 200, "display.max_columns", 30):
+        print(_warehouse().query(args.query).to_string(index=False))
+    return 0
+
+
+def cmd_ui(args) -> int:
+    _prepare_home()
+    print(f"Dagster UI on http://{args.host}:{args.port}  (MLflow: mlflow ui --backend-store-uri {mlflow_uri()})")
+    return subprocess.call([sys.executable, "-m", "dagster", "dev", "-w", str(REPO_ROOT / "workspace.yaml"),
+                            "-h", args.host, "-p", str(args.port)], cwd=REPO_ROOT)
+
+
+def cmd_load(args) -> int:
+    """Load a runner output directory (e.g. a GPU node's parquet) into the warehouse."""
+    from resources.devices import read_rows
+    from pipeline.runner import SWEEPS
+
+    wh = _warehouse()
+    for path in sorted(Path(args.dir).iterdir()):
+        table = path.name.split(".")[0]
+        if table in SWEEPS.values():
+            df = read_rows(path)
+            for device, rows in df.groupby("device"):
+                wh.replace_partition(table, str(device), rows)
+                print(f"{table}: {len(rows)} rows for {device}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="devchar", description="Characterize a device and predict DL workload latency.")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run", help="characterize the local device, fit, predict, print a summary")
+    r.add_argument("--device", default="auto", help="auto, cpu or cuda")
+    r.add_argument("--profile", default=None, help="tiny, quick (default) or full")
+    r.add_argument("--log-level", default="INFO", help="Dagster console log level (DEBUG shows every event)")
+    r.set_defaults(fn=cmd_run)
+    p = sub.add_parser("predict", help="predict a GPT-2-family forward pass with a device's saved models")
+    p.add_argument("--device", required=True, help="device slug (see `devchar sql 'select name from devices'`)")
+    p.add_argument("--name", default="custom")
+    p.add_argument("--layers", type=int, default=12)
+    p.add_argument("--hidden", type=int, default=768)
+    p.add_argument("--heads", type=int, default=12)
+    p.add_argument("--vocab", type=int, default=50257)
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--seq", type=int, default=128)
+    p.add_argument("--dtype", default="float32")
+    p.set_defaults(fn=cmd_predict)
+    s = sub.add_parser("sql", help="run a SQL query against the DuckDB warehouse")
+    s.add_argument("query")
+    s.set_defaults(fn=cmd_sql)
+    u = sub.add_parser("ui", help="serve the Dagster UI (dagster dev)")
+    u.add_argument("--host", default="127.0.0.1")
+    u.add_argument("--port", type=int, default=3000)
+    u.set_defaults(fn=cmd_ui)
+    ld = sub.add_parser("load", help="load a `python -m pipeline.runner` output directory into DuckDB")
+    ld.add_argument("dir")
+    ld.set_defaults(fn=cmd_load)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.fn(args)
+    except DevcharError as exc:
+        print(f"devchar: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,26 @@
+"""The Dagster code location: assets, checks, resources, jobs, schedules and sensors."""
+import dagster as dg
+
+from assets.models import gemm_model, utility_model
+from assets.predictions import accuracy_report, transformer_predictions
+from assets.samples import device_spec, gemm_samples, utility_samples, workload_runs
+from pipeline.jobs import characterize_device, recalibrate
+from pipeline.schedules import weekly_recalibration
+from pipeline.sensors import local_device_sensor
+from resources.devices import DeviceRunner
+from resources.model_store import ModelStore
+from resources.tracking import MLflowTracking
+from resources.warehouse import DuckDBWarehouse
+
+defs = dg.Definitions(
+    assets=[device_spec, gemm_samples, utility_samples, workload_runs, gemm_model, utility_model,
+            transformer_predictions, accuracy_report],
+    resources={"warehouse": DuckDBWarehouse(), "tracking": MLflowTracking(), "device_runner": DeviceRunner(),
+               "model_store": ModelStore()},
+    jobs=[characterize_device, recalibrate],
+    schedules=[weekly_recalibration],
+    sensors=[local_device_sensor],
+    # Benchmarks must never share the device with each other, and DuckDB has one writer:
+    # run a job's steps one after another in one process.
+    executor=dg.in_process_executor,
+)

@@ -1,0 +1,142 @@
+"""Which device is this? Cheap identification (for partition keys) apart from measured peaks.
+
+The slug is the partition key: stable across runs on the same hardware, e.g.
+`cpu-intel-xeon-processor-2c` or `cuda-nvidia-h100-80gb-hbm3`.
+"""
+from __future__ import annotations
+
+import os
+import platform
+import re
+from dataclasses import asdict, dataclass
+
+from pipeline.errors import UnknownDeviceError
+
+
+@dataclass(frozen=True)
+class DeviceIdentity:
+    slug: str
+    kind: str  # "cpu" or "cuda"
+    model: str
+    torch_device: str  # what torch calls it: "cpu" or "cuda:0"
+    cores: int | None
+    threads: int | None
+    sm_count: int | None
+    memory_bytes: int | None
+    l2_bytes: int | None
+    torch_version: str
+    cuda_version: str | None
+    driver_version: str | None
+
+    def as_row(self) -> dict:
+        return asdict(self)
+
+
+def slugify(text: str) -> str:
+    text = re.sub(r"\((r|tm)\)", "", text.lower())
+    return re.sub(r"[^a-z0-9]+", "-", text).strip("-")
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "cpu"
+
+
+def _cpu_l2_bytes() -> int | None:
+    path = "/sys/devices/system/cpu/cpu0/cache"
+    try:
+        for idx in sorted(os.listdir(path)):
+            with open(f"{path}/{idx}/level") as f:
+                if f.read().strip() != "2":
+                    continue
+            with open(f"{path}/{idx}/size") as f:
+                size = f.read().strip().upper()
+            mult = {"K": 1024, "M": 1024**2}.get(size[-1], 1)
+            return int(size.rstrip("KM")) * mult
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def _memory_bytes() -> int | None:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _driver_version() -> str | None:
+    try:
+        with open("/proc/driver/nvidia/version") as f:
+            m = re.search(r"Kernel Module\s+([\d.]+)", f.read())
+            return m.group(1) if m else None
+    except OSError:
+        return None
+
+
+def cpu_threads() -> int:
+    """Threads devchar uses on the CPU: all cores it may run on, fixed for the whole run."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def identify_cpu() -> DeviceIdentity:
+    import torch
+
+    threads = cpu_threads()
+    model = _cpu_model()
+    return DeviceIdentity(
+        slug=f"cpu-{slugify(model)}-{threads}c", kind="cpu", model=model, torch_device="cpu",
+        cores=os.cpu_count(), threads=threads, sm_count=None, memory_bytes=_memory_bytes(),
+        l2_bytes=_cpu_l2_bytes(), torch_version=torch.__version__, cuda_version=None, driver_version=None,
+    )
+
+
+def identify_cuda(index: int = 0) -> DeviceIdentity:
+    import torch
+
+    if not torch.cuda.is_available():
+        raise UnknownDeviceError("device 'cuda' requested but torch sees no CUDA device here")
+    p = torch.cuda.get_device_properties(index)
+    return DeviceIdentity(
+        slug=f"cuda-{slugify(p.name)}", kind="cuda", model=p.name, torch_device=f"cuda:{index}",
+        cores=None, threads=None, sm_count=p.multi_processor_count, memory_bytes=p.total_memory,
+        l2_bytes=getattr(p, "L2_cache_size", None), torch_version=torch.__version__,
+        cuda_version=torch.version.cuda, driver_version=_driver_version(),
+    )
+
+
+def identify(which: str = "auto") -> DeviceIdentity:
+    """`auto` picks CUDA when torch sees one, else the CPU; `cpu` and `cuda` force a kind."""
+    import torch
+
+    if which == "cpu":
+        return identify_cpu()
+    if which == "cuda" or (which == "auto" and torch.cuda.is_available()):
+        return identify_cuda()
+    if which == "auto":
+        return identify_cpu()
+    raise UnknownDeviceError(f"unknown device kind {which!r}; expected 'auto', 'cpu' or 'cuda'")
+
+
+def local_devices() -> dict[str, DeviceIdentity]:
+    """Every device this machine can characterize, by slug."""
+    import torch
+
+    found = {d.slug: d for d in [identify_cpu()]}
+    if torch.cuda.is_available():
+        d = identify_cuda()
+        found[d.slug] = d
+    return found
+
+
+def resolve(slug: str) -> DeviceIdentity:
+    found = local_devices()
+    if slug not in found:
+        raise UnknownDeviceError(f"device {slug!r} is not reachable from this machine; local devices: {sorted(found)}")
+    return found[slug]

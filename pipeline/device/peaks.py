@@ -1,0 +1,43 @@
+"""Measured peaks: matmul FLOP/s per dtype and copy bandwidth. Measured, never from a spec sheet."""
+from __future__ import annotations
+
+from pipeline.device.discover import DeviceIdentity
+from pipeline.dtypes import dtypes_for, torch_dtype
+from pipeline.harness.timer import TimingSpec, measure
+
+_SPEC = TimingSpec(warmup_s=0.05, budget_s=0.3, min_reps=5, max_reps=200)
+
+
+def peak_matmul_flops(dev: DeviceIdentity, dtype: str, size: int | None = None) -> float:
+    """FLOP/s of a large square matmul (8192 on CUDA, 2048 on the CPU), from the median time."""
+    import torch
+
+    n = size or (8192 if dev.kind == "cuda" else 2048)
+    if dev.kind == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = dtype == "tf32"
+    a = torch.randn(n, n, dtype=torch_dtype(dtype), device=dev.torch_device)
+    b = torch.randn(n, n, dtype=torch_dtype(dtype), device=dev.torch_device)
+    m = measure(lambda: torch.mm(a, b), _SPEC, dev.torch_device)
+    return 2.0 * n**3 / (m.median_us * 1e-6)
+
+
+def copy_bandwidth_gbps(dev: DeviceIdentity, nbytes: int | None = None) -> float:
+    """A device-to-device copy far larger than the last-level cache; counts bytes read plus written."""
+    import torch
+
+    nbytes = nbytes or (1 << 30 if dev.kind == "cuda" else 1 << 28)
+    src = torch.empty(nbytes // 4, dtype=torch.float32, device=dev.torch_device).fill_(1.0)
+    dst = torch.empty_like(src)
+    m = measure(lambda: dst.copy_(src), _SPEC, dev.torch_device)
+    return 2.0 * nbytes / (m.median_us * 1e-6) / 1e9
+
+
+def device_row(dev: DeviceIdentity, quick: bool = True) -> dict:
+    """The `devices` table row: identity plus measured peaks (null where a dtype does not apply)."""
+    row = dev.as_row()
+    row["name"] = dev.slug
+    size = 1024 if (quick and dev.kind == "cpu") else None
+    for dt in ("float32", "tf32", "bfloat16", "float16"):
+        row[f"peak_flops_{dt}"] = peak_matmul_flops(dev, dt, size) if dt in dtypes_for(dev.kind) else None
+    row["bandwidth_gbps"] = copy_bandwidth_gbps(dev)
+    return row

@@ -1,0 +1,170 @@
+"""Timing harness: what to measure (TimingSpec) kept apart from what was measured (Measurement).
+
+Follows torch.utils.benchmark (median and IQR, noisy warnings) and triton's do_bench
+(repetitions chosen by a time budget, CUDA events, an L2 flush between repetitions).
+On the CPU each repetition is timed with perf_counter_ns; on CUDA each repetition is
+bracketed by a pair of events and the host synchronizes once at the end.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class TimingSpec:
+    warmup_s: float = 0.02  # warm-up runs until this much time has passed ...
+    warmup_min: int = 1  # ... and at least this many calls
+    budget_s: float = 0.05  # timed repetitions fill about this much time ...
+    min_reps: int = 5
+    max_reps: int = 200
+    flush_l2: bool = False
+    cv_threshold: float = 0.10  # above this a row is re-measured once, then flagged noisy
+    # CPU only: one repetition runs the op back to back until it lasts at least this long,
+    # and records the mean per call (torch.utils.benchmark's blocked autorange). A 2 us op
+    # timed one call at a time is mostly timer and interrupt jitter.
+    min_block_s: float = 0.0
+
+    @staticmethod
+    def fixed(warmup: int, reps: int) -> "TimingSpec":
+        """An exact protocol (PM2Lat's model runs: 5 warm-up, 25 timed)."""
+        return TimingSpec(warmup_s=0.0, warmup_min=warmup, budget_s=0.0, min_reps=reps, max_reps=reps)
+
+
+@dataclass
+class Measurement:
+    times_us: np.ndarray = field(repr=False)
+    remeasured: bool = False
+
+    @property
+    def reps(self) -> int:
+        return int(self.times_us.size)
+
+    @property
+    def median_us(self) -> float:
+        return float(np.median(self.times_us))
+
+    @property
+    def p20_us(self) -> float:
+        return float(np.percentile(self.times_us, 20))
+
+    @property
+    def p80_us(self) -> float:
+        return float(np.percentile(self.times_us, 80))
+
+    @property
+    def iqr_us(self) -> float:
+        return float(np.percentile(self.times_us, 75) - np.percentile(self.times_us, 25))
+
+    @property
+    def cv(self) -> float:
+        mean = float(np.mean(self.times_us))
+        return float(np.std(self.times_us) / mean) if mean > 0 else math.inf
+
+    def noisy(self, threshold: float = 0.10) -> bool:
+        return self.cv > threshold
+
+    def row(self, threshold: float = 0.10) -> dict:
+        """The columns every sample table carries."""
+        return {
+            "median_us": self.median_us,
+            "p20_us": self.p20_us,
+            "p80_us": self.p80_us,
+            "cv": self.cv,
+            "reps": self.reps,
+            "noisy": self.noisy(threshold),
+            "remeasured": self.remeasured,
+        }
+
+
+class _L2Flusher:
+    """Overwrites a buffer twice the L2 size so each repetition starts with a cold cache."""
+
+    def __init__(self, l2_bytes: int, device: str):
+        import torch
+
+        n = max(int(2 * l2_bytes) // 4, 1)
+        self.buf = torch.empty(n, dtype=torch.float32, device=device)
+
+    def __call__(self) -> None:
+        self.buf.zero_()
+
+
+def _reps_for(spec: TimingSpec, per_call_s: float) -> int:
+    if spec.budget_s <= 0:
+        return spec.min_reps
+    want = int(spec.budget_s / max(per_call_s, 1e-9))
+    return int(min(max(want, spec.min_reps), spec.max_reps))
+
+
+def _warmup(fn: Callable[[], object], spec: TimingSpec, sync: Callable[[], None]) -> float:
+    """Runs fn until the warm-up budget is spent; returns the mean seconds per call."""
+    calls, start = 0, time.perf_counter()
+    while calls < spec.warmup_min or time.perf_counter() - start < spec.warmup_s:
+        fn()
+        sync()
+        calls += 1
+    return (time.perf_counter() - start) / max(calls, 1)
+
+
+def _time_cpu(fn, reps: int, flush, inner: int = 1) -> np.ndarray:
+    out = np.empty(reps)
+    for i in range(reps):
+        if flush is not None:
+            flush()
+        t0 = time.perf_counter_ns()
+        for _ in range(inner):
+            fn()
+        out[i] = (time.perf_counter_ns() - t0) / 1e3 / inner
+    return out
+
+
+def _time_cuda(fn, reps: int, flush) -> np.ndarray:
+    import torch
+
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    for i in range(reps):
+        if flush is not None:
+            flush()
+        starts[i].record()
+        fn()
+        ends[i].record()
+    torch.cuda.synchronize()
+    return np.array([s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends)])
+
+
+def measure_once(fn: Callable[[], object], spec: TimingSpec, device: str = "cpu", l2_bytes: int = 0) -> Measurement:
+    cuda = device.startswith("cuda")
+    if cuda:
+        import torch
+
+        sync = torch.cuda.synchronize
+    else:
+        def sync() -> None:
+            return None
+    flush = _L2Flusher(l2_bytes, device) if spec.flush_l2 and l2_bytes > 0 else None
+    per_call = _warmup(fn, spec, sync)
+    if cuda:
+        return Measurement(times_us=_time_cuda(fn, _reps_for(spec, per_call), flush))
+    inner = max(1, int(spec.min_block_s / max(per_call, 1e-9))) if flush is None else 1
+    return Measurement(times_us=_time_cpu(fn, _reps_for(spec, per_call * inner), flush, inner))
+
+
+def measure(fn: Callable[[], object], spec: TimingSpec, device: str = "cpu", l2_bytes: int = 0) -> Measurement:
+    """Measure, and re-measure once when the spread is above spec.cv_threshold.
+
+    Of the two attempts the steadier one is kept; `Measurement.noisy` then says
+    whether it is still above the threshold (the caller flags the row).
+    """
+    first = measure_once(fn, spec, device, l2_bytes)
+    if not first.noisy(spec.cv_threshold):
+        return first
+    second = measure_once(fn, spec, device, l2_bytes)
+    best = second if second.cv < first.cv else first
+    best.remeasured = True
+    return best

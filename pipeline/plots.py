@@ -1,0 +1,62 @@
+"""PNG figures for asset metadata and MLflow: throughput vs K, predicted vs measured."""
+from __future__ import annotations
+
+import io
+
+import numpy as np
+
+
+def _fig(nplots: int):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cols = min(nplots, 3)
+    rows = (nplots + cols - 1) // cols
+    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.2 * rows), squeeze=False)
+    return plt, fig, axes.ravel()
+
+
+def _png(plt, fig) -> bytes:
+    buf = io.BytesIO()
+    fig.tight_layout()
+    fig.savefig(buf, format="png", dpi=80)
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def throughput_vs_k(train) -> bytes:
+    """PM2Lat Fig. 4: throughput vs K, one line per whole-wave count, one panel per (op, dtype)."""
+    groups = list(train.groupby(["op", "dtype"]))
+    plt, fig, axes = _fig(len(groups))
+    for ax, ((op, dtype), g) in zip(axes, groups):
+        for w, gw in g.groupby("waves"):
+            gw = gw.sort_values("k")
+            ax.plot(gw["k"], gw["flops"] / gw["median_us"] / 1e6, marker="o", ms=3, label=f"{w} waves")
+        ax.set_xscale("log", base=2)
+        ax.set_title(f"{op} {dtype}", fontsize=9)
+        ax.set_xlabel("K")
+        ax.set_ylabel("TFLOP/s")
+        ax.legend(fontsize=6)
+    for ax in axes[len(groups):]:
+        ax.axis("off")
+    return _png(plt, fig)
+
+
+def predicted_vs_measured(panels: dict[str, tuple[np.ndarray, np.ndarray]], unit: str = "us") -> bytes:
+    """One log-log scatter per panel name: (measured, predicted), with the y = x line."""
+    plt, fig, axes = _fig(len(panels))
+    for ax, (name, (meas, pred)) in zip(axes, panels.items()):
+        ax.scatter(meas, pred, s=8, alpha=0.7)
+        lo = float(min(np.min(meas), np.min(pred)))
+        hi = float(max(np.max(meas), np.max(pred)))
+        ax.plot([lo, hi], [lo, hi], "k--", lw=0.8)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_title(name, fontsize=9)
+        ax.set_xlabel(f"measured ({unit})")
+        ax.set_ylabel(f"predicted ({unit})")
+    for ax in axes[len(panels):]:
+        ax.axis("off")
+    return _png(plt, fig)

@@ -1,0 +1,43 @@
+"""Held-out evaluation: predictions beside measurements, and PM2Lat Table II style summaries."""
+from __future__ import annotations
+
+import pandas as pd
+
+from pipeline.predict.gemm import GemmModel
+from pipeline.predict.metrics import rel_err, summarize
+from pipeline.predict.utility import UtilityModel
+
+GEMM_LAYER = {"mm": "MM", "bmm": "BMM", "linear": "Linear"}
+
+
+def layer_type(op: str) -> str:
+    """PM2Lat's layer types: BMM, MM, Linear, SoftMax and Vector (every other memory-bound op)."""
+    return GEMM_LAYER.get(op, "Softmax" if op == "softmax" else "Vector")
+
+
+def gemm_predictions(model: GemmModel, samples: pd.DataFrame) -> pd.DataFrame:
+    out = []
+    for (op, dtype), g in samples.groupby(["op", "dtype"]):
+        g = g.assign(predicted_us=model.predict(op, dtype, g["m"].to_numpy(), g["n"].to_numpy(), g["k"].to_numpy(),
+                                                g["batch"].to_numpy()))
+        out.append(g)
+    return _with_err(pd.concat(out))
+
+
+def utility_predictions(model: UtilityModel, samples: pd.DataFrame) -> pd.DataFrame:
+    out = []
+    for (op, dtype), g in samples.groupby(["op", "dtype"]):
+        out.append(g.assign(predicted_us=model.predict(op, dtype, g["rows"].to_numpy(), g["cols"].to_numpy())))
+    return _with_err(pd.concat(out))
+
+
+def _with_err(df: pd.DataFrame) -> pd.DataFrame:
+    return df.assign(rel_err=rel_err(df["predicted_us"], df["median_us"]), layer_type=df["op"].map(layer_type))
+
+
+def error_table(pred: pd.DataFrame, by: list[str]) -> pd.DataFrame:
+    rows = []
+    for key, g in pred.groupby(by):
+        key = key if isinstance(key, tuple) else (key,)
+        rows.append({**dict(zip(by, key)), **summarize(g["predicted_us"], g["median_us"])})
+    return pd.DataFrame(rows)

@@ -1,0 +1,117 @@
+"""PM2Lat's GEMM model (eq. 1-2): per kernel, throughput measured at whole waves and at K
+in powers of two; a new shape's throughput is interpolated linearly in K (eq. 2) and
+in log2(waves), and its duration is padded FLOPs over that throughput.
+
+Padded FLOPs count whole tiles and whole waves (a partial tile or wave costs a full one).
+Beyond the largest K measured the throughput is held (eq. 1: duration grows with K);
+below the smallest K the duration is held (launch- and latency-bound there).
+Prediction is vectorized numpy: no torch, no per-shape Python loop.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from pipeline.dtypes import check_dtype
+from pipeline.errors import BadShapeError, MissingModelError
+from pipeline.predict.geometry import waves as count_waves
+from pipeline.workloads.ops import GEMM_OPS
+
+
+@dataclass
+class GemmTable:
+    op: str
+    dtype: str
+    kernel: str
+    tile_m: int
+    tile_n: int
+    slots: int
+    waves: np.ndarray  # (W,) whole-wave counts measured, ascending
+    ks: np.ndarray  # (K,) K values measured, ascending
+    thr: np.ndarray  # (W, K) padded FLOPs per microsecond
+
+    def to_dict(self) -> dict:
+        d = self.__dict__.copy()
+        d.update(waves=self.waves.tolist(), ks=self.ks.tolist(), thr=self.thr.tolist())
+        return d
+
+    @staticmethod
+    def from_dict(d: dict) -> "GemmTable":
+        return GemmTable(**{**d, "waves": np.array(d["waves"], float), "ks": np.array(d["ks"], float),
+                            "thr": np.array(d["thr"], float)})
+
+    def throughput(self, w: np.ndarray, k: np.ndarray) -> np.ndarray:
+        """Bilinear: linear in K between the bracketing measured K (eq. 2), linear in log2(waves)."""
+        iw, fw = _bracket(np.log2(self.waves), np.log2(w))
+        ik, fk = _bracket(self.ks, k)
+        t = self.thr
+        lo = t[iw, ik] * (1 - fk) + t[iw, ik + 1] * fk
+        hi = t[iw + 1, ik] * (1 - fk) + t[iw + 1, ik + 1] * fk
+        return lo * (1 - fw) + hi * fw
+
+    def predict_us(self, m, n, k, batch) -> np.ndarray:
+        w = count_waves(m, n, batch, self.tile_m, self.tile_n, self.slots)
+        kk = np.maximum(np.asarray(k, dtype=float), self.ks[0])
+        padded_flops = 2.0 * w * self.slots * self.tile_m * self.tile_n * kk
+        return padded_flops / self.throughput(w, kk)
+
+
+def _bracket(grid: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Index of the grid cell holding x and the fraction across it; clamped to the grid's ends."""
+    if grid.size == 1:
+        z = np.zeros(np.shape(x), dtype=int)
+        return z, np.zeros(np.shape(x))
+    x = np.clip(np.asarray(x, dtype=float), grid[0], grid[-1])
+    i = np.clip(np.searchsorted(grid, x, side="right") - 1, 0, grid.size - 2)
+    return i, (x - grid[i]) / (grid[i + 1] - grid[i])
+
+
+class GemmModel:
+    name = "gemm_model"
+
+    def __init__(self, tables: dict[tuple[str, str], GemmTable]):
+        self.tables = tables
+
+    @staticmethod
+    def fit(samples) -> "GemmModel":
+        """samples: a DataFrame of gemm_samples rows; held-out rows are refused, not silently used."""
+        if bool(samples["held_out"].any()):
+            raise ValueError("GemmModel.fit got held-out rows; fit on training rows only")
+        tables = {}
+        for (op, dtype), g in samples.groupby(["op", "dtype"]):
+            tm, tn = (int(g[c].mode().iloc[0]) for c in ("tile_m", "tile_n"))
+            slots = int(g["slots"].iloc[0])
+            g = g.assign(thr=2.0 * g["waves"] * slots * tm * tn * g["k"] / g["median_us"])
+            grid = g.pivot_table(index="waves", columns="k", values="thr", aggfunc="median").sort_index()
+            grid = grid.sort_index(axis=1).interpolate(axis=1, limit_direction="both")
+            kernel = g["kernel"].mode().iloc[0]
+            tables[(op, dtype)] = GemmTable(op, dtype, str(kernel), tm, tn, slots, grid.index.to_numpy(float),
+                                            grid.columns.to_numpy(float), grid.to_numpy(float))
+        return GemmModel(tables)
+
+    def table(self, op: str, dtype: str) -> GemmTable:
+        check_dtype(dtype)
+        if op not in GEMM_OPS:
+            raise BadShapeError(f"unknown GEMM op {op!r}; expected one of {GEMM_OPS}")
+        if (op, dtype) not in self.tables:
+            raise MissingModelError(f"no GEMM calibration for op={op!r} dtype={dtype!r}; have {sorted(self.tables)}")
+        return self.tables[(op, dtype)]
+
+    def predict(self, op: str, dtype: str, m, n, k, batch=1) -> np.ndarray:
+        """Predicted microseconds for arrays (or scalars) of m, n, k, batch."""
+        arrs = [np.asarray(x) for x in (m, n, k, batch)]
+        for name, a in zip("mnk", arrs):
+            if a.size and (a <= 0).any():
+                raise BadShapeError(f"dimension {name} must be positive; got {a[a <= 0].ravel()[0]}")
+        if arrs[3].size and (arrs[3] <= 0).any():
+            raise BadShapeError(f"dimension batch must be positive; got {arrs[3][arrs[3] <= 0].ravel()[0]}")
+        return self.table(op, dtype).predict_us(*arrs)
+
+    def to_dict(self) -> dict:
+        return {"kind": "gemm_model", "tables": [t.to_dict() for t in self.tables.values()]}
+
+    @staticmethod
+    def from_dict(d: dict) -> "GemmModel":
+        tables = [GemmTable.from_dict(t) for t in d["tables"]]
+        return GemmModel({(t.op, t.dtype): t for t in tables})

@@ -1,0 +1,34 @@
+"""Tile and wave arithmetic shared by the sweeps (to choose shapes) and the GEMM model (to predict).
+
+A GEMM's output is cut into tile_m x tile_n tiles, one thread block each; `slots` blocks
+run at once (SMs on a GPU, threads on the CPU). A partial tile costs a whole one and a
+partial last wave costs a whole wave (PM2Lat III-C), hence the ceilings.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+
+def blocks(m, n, batch, tile_m: int, tile_n: int):
+    return np.ceil(np.asarray(m) / tile_m) * np.ceil(np.asarray(n) / tile_n) * np.asarray(batch)
+
+
+def waves(m, n, batch, tile_m: int, tile_n: int, slots: int):
+    return np.ceil(blocks(m, n, batch, tile_m, tile_n) / slots)
+
+
+def near_square(tiles: int) -> tuple[int, int]:
+    """Split a tile count into (tiles_m, tiles_n) with tiles_m * tiles_n == tiles, as square as possible."""
+    best = (1, tiles)
+    for a in range(1, int(tiles**0.5) + 1):
+        if tiles % a == 0:
+            best = (a, tiles // a)
+    return best
+
+
+def whole_wave_shape(n_waves: int, tile_m: int, tile_n: int, slots: int, batch: int = 1) -> tuple[int, int]:
+    """M, N whose tiles, over `batch` matrices, fill exactly n_waves waves."""
+    if (n_waves * slots) % batch:
+        raise ValueError(f"batch={batch} does not divide {n_waves} waves x {slots} slots")
+    tm, tn = near_square(n_waves * slots // batch)
+    return tm * tile_m, tn * tile_n

@@ -1,0 +1,60 @@
+"""Saved predictors: <root>/<device>/<model>/<version>/model.json (+ meta.json).
+
+Versions sort by time, so `latest` is the last directory name. Written to a temporary
+directory first and renamed, so a crash never leaves a half-written model behind.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+from pipeline.errors import MissingModelError
+from pipeline.predict.gemm import GemmModel
+from pipeline.predict.utility import UtilityModel
+
+LOADERS = {"gemm_model": GemmModel.from_dict, "utility_model": UtilityModel.from_dict}
+
+
+def new_version(data_hash: str) -> str:
+    return time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + f"-{data_hash[:8]}"
+
+
+def save(root: Path, device: str, model_name: str, model, meta: dict, version: str) -> Path:
+    final = Path(root) / device / model_name / version
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=".tmp-"))
+    try:
+        (tmp / "model.json").write_text(json.dumps(model.to_dict()))
+        (tmp / "meta.json").write_text(json.dumps(meta, indent=2, default=str))
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return final
+
+
+def versions(root: Path, device: str, model_name: str) -> list[str]:
+    d = Path(root) / device / model_name
+    return sorted(p.name for p in d.iterdir() if p.is_dir() and not p.name.startswith(".")) if d.is_dir() else []
+
+
+def load(root: Path, device: str, model_name: str, version: str = "latest"):
+    if model_name not in LOADERS:
+        raise MissingModelError(f"unknown model {model_name!r}; expected one of {sorted(LOADERS)}")
+    found = versions(root, device, model_name)
+    if not found:
+        raise MissingModelError(f"no saved {model_name} for device {device!r} under {root}; run `devchar run` first")
+    v = found[-1] if version == "latest" else version
+    path = Path(root) / device / model_name / v / "model.json"
+    if not path.is_file():
+        raise MissingModelError(f"{model_name} version {v!r} for device {device!r} not found; have {found}")
+    try:
+        return LOADERS[model_name](json.loads(path.read_text()))
+    except (ValueError, KeyError, TypeError) as exc:
+        raise MissingModelError(f"saved model {path} is corrupt: {exc}") from exc

@@ -1,0 +1,123 @@
+"""Run a sweep where the device is: `python -m pipeline.runner SWEEP --device auto --out DIR`.
+
+Needs only torch and numpy (pyarrow if present; JSON lines otherwise), and dagster-pipes
+when launched by a Dagster Pipes client, so it runs on a bare GPU node. Writes one file per
+sweep: DIR/<table>.parquet (or .jsonl), each row carrying `device` and `run_id`.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import uuid
+from pathlib import Path
+
+SWEEPS = {  # sweep name -> table it fills
+    "device": "devices",
+    "gemm": "gemm_samples",
+    "utility": "utility_samples",
+    "workloads": "workload_runs",
+}
+
+
+def fix_threads(dev) -> None:
+    """Pin the CPU thread count for the whole run, so every timing uses the same parallelism."""
+    import torch
+
+    if dev.kind == "cpu" and dev.threads:
+        torch.set_num_threads(dev.threads)
+
+
+def run_sweep(sweep: str, device: str = "auto", profile: str = "quick", run_id: str | None = None, log=None) -> list[dict]:
+    from pipeline.device.discover import identify, resolve
+    from pipeline.errors import DevcharError
+    from pipeline.sweeps.profiles import get_profile
+
+    if sweep not in SWEEPS:
+        raise DevcharError(f"unknown sweep {sweep!r}; expected one of {sorted(SWEEPS)}")
+    prof = get_profile(profile)
+    dev = identify(device) if device in ("auto", "cpu", "cuda") else resolve(device)
+    fix_threads(dev)
+    run_id = run_id or uuid.uuid4().hex[:12]
+    if sweep == "device":
+        from pipeline.device.peaks import device_row
+
+        rows = [device_row(dev, quick=prof.name != "full")]
+    elif sweep == "gemm":
+        from pipeline.sweeps.gemm import sweep_gemm
+
+        rows = sweep_gemm(dev, prof, log)
+    elif sweep == "utility":
+        from pipeline.sweeps.utility import sweep_utility
+
+        rows = sweep_utility(dev, prof, log)
+    else:
+        from pipeline.sweeps.workload_runs import sweep_workloads
+
+        rows = sweep_workloads(dev, prof, log)
+    for r in rows:
+        r["device"], r["run_id"] = dev.slug, run_id
+    return rows
+
+
+def write_rows(rows: list[dict], out_dir: Path, table: str) -> Path:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        path = out_dir / f"{table}.parquet"
+        pq.write_table(pa.Table.from_pylist(rows), path)
+    except ImportError:  # a bare GPU node: JSON lines, which devchar loads the same way
+        path = out_dir / f"{table}.jsonl"
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m pipeline.runner", description=__doc__)
+    ap.add_argument("sweeps", nargs="+", help=f"one or more of {sorted(SWEEPS)} or 'all'")
+    ap.add_argument("--device", default="auto", help="auto, cpu, cuda, or a device slug")
+    ap.add_argument("--profile", default=os.environ.get("DEVCHAR_PROFILE", "quick"))
+    ap.add_argument("--out", default="runner-out", help="directory for the output files")
+    ap.add_argument("--run-id", default=None)
+    args = ap.parse_args(argv)
+    names = list(SWEEPS) if args.sweeps == ["all"] else args.sweeps
+    pipes = _open_pipes()
+    log = pipes.log.info if pipes else None
+    try:
+        for name in names:
+            t0 = time.perf_counter()
+            rows = run_sweep(name, args.device, args.profile, args.run_id, log)
+            path = write_rows(rows, Path(args.out), SWEEPS.get(name, name))
+            msg = f"{name}: {len(rows)} rows -> {path} in {time.perf_counter() - t0:.1f}s"
+            print(msg, file=sys.stderr, flush=True)
+            if pipes:
+                pipes.report_custom_message({"table": SWEEPS[name], "path": str(path), "rows": len(rows)})
+    except Exception as exc:  # one clear line, not a traceback, for bad input
+        from pipeline.errors import DevcharError
+
+        if isinstance(exc, DevcharError):
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        raise
+    finally:
+        if pipes:
+            pipes.__exit__(None, None, None)
+    return 0
+
+
+def _open_pipes():
+    """Talk back to Dagster when launched through Pipes; plain stderr otherwise."""
+    if "DAGSTER_PIPES_CONTEXT" not in os.environ:
+        return None
+    from dagster_pipes import open_dagster_pipes
+
+    ctx = open_dagster_pipes()
+    return ctx.__enter__()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,143 @@
+"""gemm_samples: PM2Lat III-C. K over powers of two at M x N that fill whole waves, plus
+random held-out shapes that are never used for fitting (held_out = True).
+"""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+from pipeline.device.discover import DeviceIdentity
+from pipeline.dtypes import dtypes_for, torch_dtype
+from pipeline.harness.progress import Progress
+from pipeline.harness.timer import measure
+from pipeline.predict.geometry import blocks, waves, whole_wave_shape
+from pipeline.sweeps.profiles import Profile, wave_counts
+from pipeline.workloads.ops import GEMM_OPS
+
+# Nominal tile used to lay out whole waves. On CUDA the tile actually used is parsed from
+# the kernel name where it says. The CPU has no tiles the model can see: an 8 x 8 "tile"
+# per thread is only the table's resolution, fine enough that skinny and tiny GEMMs
+# (GEMV-like, one-token decoding) fall inside the measured grid instead of below it.
+NOMINAL_TILE = {"cuda": (128, 128), "cpu": (8, 8)}
+LAYOUT = {"mm": "NN", "bmm": "NN", "linear": "TN"}
+_TILE_RE = re.compile(r"(\d{2,3})x(\d{2,3})")
+
+
+@dataclass(frozen=True)
+class GemmPoint:
+    op: str
+    dtype: str
+    batch: int
+    m: int
+    n: int
+    k: int
+    held_out: bool
+
+
+def slots_for(dev: DeviceIdentity) -> int:
+    return int(dev.sm_count if dev.kind == "cuda" else dev.threads or 1)
+
+
+def training_points(dev: DeviceIdentity, profile: Profile) -> list[GemmPoint]:
+    tile_m, tile_n = NOMINAL_TILE[dev.kind]
+    slots = slots_for(dev)
+    pts = []
+    for dtype in dtypes_for(dev.kind):
+        for op in GEMM_OPS:
+            for w in wave_counts(profile, slots, tile_m, tile_n):
+                # bmm: a batch of up to 8 matrices shares the whole waves' tiles, so inputs
+                # stay the size of the mm ones (a tile per matrix would need huge batches).
+                b = math.gcd(w * slots, 8) if op == "bmm" else 1
+                m, n = whole_wave_shape(w, tile_m, tile_n, slots, batch=b)
+                pts += [GemmPoint(op, dtype, b, m, n, k, False) for k in profile.k_values]
+    return pts
+
+
+def heldout_points(dev: DeviceIdentity, profile: Profile, seed: int = 0) -> list[GemmPoint]:
+    """Log-uniform random shapes in PM2Lat's evaluation ranges (scaled by the profile)."""
+    rng = np.random.default_rng(seed)
+
+    def loguni(hi: int, size: int) -> np.ndarray:
+        return np.exp(rng.uniform(0, np.log(hi), size)).round().astype(int).clip(1, hi)
+
+    pts = []
+    n = profile.heldout_per_op
+    for dtype in dtypes_for(dev.kind):
+        for op in GEMM_OPS:
+            if op == "bmm":
+                hi = profile.heldout_max_bmm
+                dims = [loguni(hi, n) for _ in range(4)]
+                dims[0] = loguni(min(hi, 64), n)  # batch
+            else:
+                dims = [np.ones(n, int), loguni(profile.heldout_max_mn, n), loguni(profile.heldout_max_mn, n),
+                        loguni(profile.heldout_max_k, n)]
+            pts += [GemmPoint(op, dtype, int(b), int(m), int(nn), int(k), True) for b, m, nn, k in zip(*dims)]
+    return pts
+
+
+def _gemm_callable(op: str, dtype: str, b: int, m: int, n: int, k: int, device: str):
+    import torch
+
+    torch.manual_seed(0)
+    dt = torch_dtype(dtype)
+    kw = dict(dtype=dt, device=device)
+    if op == "bmm":
+        a, w = torch.randn(b, m, k, **kw), torch.randn(b, k, n, **kw)
+        return lambda: torch.bmm(a, w)
+    if op == "mm":
+        a, w = torch.randn(m, k, **kw), torch.randn(k, n, **kw)
+        return lambda: torch.mm(a, w)
+    a, w, bias = torch.randn(m, k, **kw), torch.randn(n, k, **kw), torch.randn(n, **kw)
+    return lambda: torch.nn.functional.linear(a, w, bias)
+
+
+def _kernel_name(fn, dev: DeviceIdentity, op: str, dtype: str) -> str:
+    """The GEMM kernel that ran: the profiler's name on CUDA; one fixed BLAS path per op/dtype on the CPU."""
+    if dev.kind != "cuda":
+        return f"cpu-blas-{op}-{dtype}"
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        import torch
+
+        torch.cuda.synchronize()
+    names = [e.name for e in prof.events() if e.device_type.name == "CUDA" and "memcpy" not in e.name.lower()]
+    gemm = [nm for nm in names if any(s in nm.lower() for s in ("gemm", "xmma", "cutlass", "sm90", "sm80"))]
+    return (gemm or names or ["unknown"])[0][:200]
+
+
+def _tile_of(kernel: str, kind: str) -> tuple[int, int]:
+    m = _TILE_RE.search(kernel) if kind == "cuda" else None
+    return (int(m.group(1)), int(m.group(2))) if m else NOMINAL_TILE[kind]
+
+
+def _set_tf32(dtype: str) -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        torch.backends.cuda.matmul.allow_tf32 = dtype == "tf32"
+
+
+def sweep_gemm(dev: DeviceIdentity, profile: Profile, log=None) -> list[dict]:
+    pts = training_points(dev, profile) + heldout_points(dev, profile)
+    slots = slots_for(dev)
+    prog = Progress("gemm_samples", len(pts), log)
+    rows = []
+    for p in pts:
+        _set_tf32(p.dtype)
+        fn = _gemm_callable(p.op, p.dtype, p.batch, p.m, p.n, p.k, dev.torch_device)
+        kernel = _kernel_name(fn, dev, p.op, p.dtype)
+        tm, tn = _tile_of(kernel, dev.kind)
+        meas = measure(fn, profile.gemm_timing, dev.torch_device, dev.l2_bytes or 0)
+        rows.append({
+            "op": p.op, "dtype": p.dtype, "layout": LAYOUT[p.op], "batch": p.batch, "m": p.m, "n": p.n, "k": p.k,
+            "kernel": kernel, "tile_m": tm, "tile_n": tn, "split_k": 1 if dev.kind == "cpu" else None, "slots": slots,
+            "blocks": int(blocks(p.m, p.n, p.batch, tm, tn)), "waves": int(waves(p.m, p.n, p.batch, tm, tn, slots)),
+            "flops": 2 * p.batch * p.m * p.n * p.k, "held_out": p.held_out, **meas.row(profile.gemm_timing.cv_threshold),
+        })
+        prog.step(f"{p.op} {p.dtype} b={p.batch} {p.m}x{p.n}x{p.k}")
+    return rows

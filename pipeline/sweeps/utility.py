@@ -1,0 +1,78 @@
+"""utility_samples: memory-bound ops over a (rows, cols) grid plus random held-out shapes."""
+from __future__ import annotations
+
+import numpy as np
+
+from pipeline.device.discover import DeviceIdentity
+from pipeline.dtypes import dtypes_for, element_bytes, torch_dtype
+from pipeline.harness.progress import Progress
+from pipeline.harness.timer import measure
+from pipeline.predict.traffic import utility_traffic
+from pipeline.sweeps.profiles import Profile
+from pipeline.workloads.ops import UTILITY_OPS
+
+_COLS = (64, 256, 1024, 4096, 16384)
+_ROWS = (1, 16, 128, 1024, 4096, 16384)
+_EMBED_TABLE_ROWS = 50257  # a GPT-2 sized vocabulary; lookups gather from it
+
+
+def grid_shapes(profile: Profile) -> list[tuple[int, int]]:
+    return [(r, c) for r in _ROWS for c in _COLS if r * c <= profile.utility_max_elems]
+
+
+def heldout_shapes(profile: Profile, seed: int = 1) -> list[tuple[int, int]]:
+    rng = np.random.default_rng(seed)
+    out = []
+    while len(out) < profile.utility_heldout_per_op:
+        r, c = (int(x) for x in np.exp(rng.uniform(0, np.log(16384), 2)).round())
+        if r * c <= profile.utility_max_elems:
+            out.append((max(r, 1), max(c, 1)))
+    return out
+
+
+def _utility_callable(op: str, dtype: str, rows: int, cols: int, device: str):
+    import torch
+    import torch.nn.functional as F
+
+    torch.manual_seed(0)
+    kw = dict(dtype=torch_dtype(dtype), device=device)
+    x = torch.randn(rows, cols, **kw)
+    if op == "embedding":
+        table = torch.randn(_EMBED_TABLE_ROWS, cols, **kw) if _EMBED_TABLE_ROWS * cols <= 1 << 27 else x
+        idx = torch.randint(0, table.shape[0], (rows,), device=device)
+        return lambda: F.embedding(idx, table)
+    if op in ("add", "mul"):
+        y = torch.randn(rows, cols, **kw)
+        return (lambda: x + y) if op == "add" else (lambda: x * y)
+    if op == "copy":  # a transposing copy, as when attention heads are merged back
+        xt = x.t()
+        return lambda: xt.contiguous()
+    w, b = torch.ones(cols, **kw), torch.zeros(cols, **kw)
+    table = {
+        "relu": lambda: F.relu(x),
+        "gelu": lambda: F.gelu(x, approximate="tanh"),
+        "silu": lambda: F.silu(x),
+        "dropout": lambda: F.dropout(x, p=0.1, training=True),
+        "softmax": lambda: torch.softmax(x, dim=-1),
+        "layernorm": lambda: F.layer_norm(x, (cols,), w, b),
+        "rmsnorm": lambda: F.rms_norm(x, (cols,), w),
+    }
+    return table[op]
+
+
+def sweep_utility(dev: DeviceIdentity, profile: Profile, log=None) -> list[dict]:
+    shapes = [(s, False) for s in grid_shapes(profile)] + [(s, True) for s in heldout_shapes(profile)]
+    todo = [(dt, op, s, h) for dt in dtypes_for(dev.kind) if dt != "tf32" for op in UTILITY_OPS for s, h in shapes]
+    prog = Progress("utility_samples", len(todo), log)
+    rows_out = []
+    for dtype, op, (rows, cols), held in todo:
+        fn = _utility_callable(op, dtype, rows, cols, dev.torch_device)
+        meas = measure(fn, profile.utility_timing, dev.torch_device, dev.l2_bytes or 0)
+        br, bw, fl = utility_traffic(op, rows, cols, element_bytes(dtype))
+        rows_out.append({
+            "op": op, "dtype": dtype, "rows": rows, "cols": cols, "shape": f"{rows}x{cols}",
+            "bytes_read": float(br), "bytes_written": float(bw), "flops": float(fl), "held_out": held,
+            **meas.row(profile.utility_timing.cv_threshold),
+        })
+        prog.step(f"{op} {dtype} {rows}x{cols}")
+    return rows_out

@@ -1,0 +1,70 @@
+"""How a sweep reaches its device.
+
+- `in_process`: the local device, in the Dagster run's own process (the default).
+- `subprocess`: `python -m pipeline.runner` through Dagster Pipes, so a CUDA crash or a hung
+  kernel kills a child, not the run.
+- A partition key that is not a local device but has a committed reference calibration
+  (models_store/reference/<device>/<table>.parquet, measured on a GPU node by the same
+  runner) is loaded from there.
+"""
+from __future__ import annotations
+
+import sys
+import tempfile
+from pathlib import Path
+from typing import Literal
+
+import dagster as dg
+import pandas as pd
+
+from pipeline.config import REPO_ROOT, profile_name, reference_root
+from pipeline.errors import UnknownDeviceError
+from pipeline.runner import SWEEPS
+
+
+def read_rows(path: Path) -> pd.DataFrame:
+    return pd.read_parquet(path) if path.suffix == ".parquet" else pd.read_json(path, lines=True)
+
+
+def reference_file(device: str, table: str) -> Path | None:
+    for suffix in (".parquet", ".jsonl"):
+        p = reference_root() / device / f"{table}{suffix}"
+        if p.is_file():
+            return p
+    return None
+
+
+class DeviceRunner(dg.ConfigurableResource):
+    profile: str = ""  # empty: $DEVCHAR_PROFILE or "quick"
+    mode: Literal["in_process", "subprocess"] = "in_process"
+
+    def profile_name(self) -> str:
+        return self.profile or profile_name()
+
+    def run(self, context: dg.AssetExecutionContext, sweep: str, device: str) -> pd.DataFrame:
+        from pipeline.device.discover import local_devices
+
+        table = SWEEPS[sweep]
+        if device not in local_devices():
+            ref = reference_file(device, table)
+            if ref is None:
+                raise UnknownDeviceError(f"device {device!r} is neither local nor has a reference calibration "
+                                         f"for {table} under {reference_root() / device}")
+            context.log.info(f"{device} is not local: loading its reference calibration {ref}")
+            return read_rows(ref).assign(device=device)
+        if self.mode == "subprocess":
+            return self._run_subprocess(context, sweep, device)
+        from pipeline.runner import run_sweep
+
+        rows = run_sweep(sweep, device, self.profile_name(), context.run.run_id[:12], log=context.log.info)
+        return pd.DataFrame(rows)
+
+    def _run_subprocess(self, context: dg.AssetExecutionContext, sweep: str, device: str) -> pd.DataFrame:
+        with tempfile.TemporaryDirectory(prefix="devchar-runner-") as out:
+            cmd = [sys.executable, "-m", "pipeline.runner", sweep, "--device", device, "--profile",
+                   self.profile_name(), "--out", out, "--run-id", context.run.run_id[:12]]
+            dg.PipesSubprocessClient(cwd=str(REPO_ROOT)).run(command=cmd, context=context).get_results()
+            files = sorted(Path(out).glob(f"{SWEEPS[sweep]}.*"))
+            if not files:
+                raise RuntimeError(f"runner wrote no output for sweep {sweep!r} on {device!r}")
+            return read_rows(files[0])

@@ -1,0 +1,50 @@
+"""MLflow tracking: one run per fit, with params, held-out metrics and device / data-hash / git-sha tags."""
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import dagster as dg
+
+from pipeline.config import REPO_ROOT, mlflow_artifacts, mlflow_uri
+
+EXPERIMENT = "devchar-fits"
+
+
+def git_sha() -> str:
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True,
+                             timeout=5)
+        return out.stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+class MLflowTracking(dg.ConfigurableResource):
+    tracking_uri: str = ""  # empty: sqlite under $DEVCHAR_HOME
+    artifact_root: str = ""
+
+    def _setup(self):
+        import mlflow
+
+        uri = self.tracking_uri or mlflow_uri()
+        if uri.startswith("sqlite:///"):
+            Path(uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+        mlflow.set_tracking_uri(uri)
+        if mlflow.get_experiment_by_name(EXPERIMENT) is None:
+            root = Path(self.artifact_root) if self.artifact_root else mlflow_artifacts()
+            root.mkdir(parents=True, exist_ok=True)
+            mlflow.create_experiment(EXPERIMENT, artifact_location=root.as_uri())
+        mlflow.set_experiment(EXPERIMENT)
+        return mlflow
+
+    def log_fit(self, model_name: str, device: str, params: dict, metrics: dict, tags: dict,
+                artifacts: list[Path]) -> str:
+        mlflow = self._setup()
+        with mlflow.start_run(run_name=f"{model_name}@{device}") as run:
+            mlflow.set_tags({"device": device, "model": model_name, "git_sha": git_sha(), **tags})
+            mlflow.log_params(params)
+            mlflow.log_metrics({k: float(v) for k, v in metrics.items() if v == v})  # drop NaN
+            for path in artifacts:
+                mlflow.log_artifact(str(path))
+            return run.info.run_id

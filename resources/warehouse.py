@@ -1,0 +1,92 @@
+"""DuckDB warehouse: one embedded file; a device partition's rows are replaced in one transaction."""
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import dagster as dg
+import duckdb
+import pandas as pd
+
+from pipeline.config import duckdb_path
+from pipeline.errors import DevcharError
+
+TABLES = ("devices", "gemm_samples", "utility_samples", "attention_samples", "embedding_samples", "memory_samples",
+          "overhead_samples", "opencl_launches", "workload_runs", "predictions", "model_errors")
+
+
+class DuckDBWarehouse(dg.ConfigurableResource):
+    """Tables named in ARCHITECTURE.md; every row carries `device` and `run_id`."""
+
+    path: str = ""  # empty: $DEVCHAR_HOME/devchar.duckdb
+
+    def db_path(self) -> Path:
+        return Path(self.path) if self.path else duckdb_path()
+
+    @contextmanager
+    def connect(self, read_only: bool = False):
+        """Opens the file, retrying while another process holds the write lock (DuckDB allows one writer)."""
+        path = self.db_path()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if read_only and not path.exists():
+            raise DevcharError(f"no warehouse at {path}; run `devchar run` first")
+        for attempt in range(40):
+            try:
+                con = duckdb.connect(str(path), read_only=read_only)
+                break
+            except duckdb.IOException as exc:
+                if "lock" not in str(exc).lower() or attempt == 39:
+                    raise
+                time.sleep(0.25)
+        try:
+            yield con
+        finally:
+            con.close()
+
+    def replace_partition(self, table: str, device: str, rows: pd.DataFrame) -> int:
+        """Delete `device`'s rows of `table` and insert `rows`, atomically. Other devices are untouched."""
+        if table not in TABLES:
+            raise DevcharError(f"unknown table {table!r}; expected one of {TABLES}")
+        if rows.empty:
+            raise DevcharError(f"refusing to replace {table} for device {device!r} with zero rows")
+        if "device" not in rows or set(rows["device"].unique()) != {device}:
+            raise DevcharError(f"rows for {table} name devices {sorted(rows.get('device', pd.Series()).unique())}, "
+                               f"not the partition {device!r}")
+        with self.connect() as con:
+            con.register("incoming", rows)
+            con.execute("BEGIN TRANSACTION")
+            try:
+                con.execute(f"CREATE TABLE IF NOT EXISTS {table} AS SELECT * FROM incoming LIMIT 0")
+                have = {r[0] for r in con.execute(f"SELECT column_name FROM (DESCRIBE {table})").fetchall()}
+                for col in rows.columns:  # additive schema change: new columns appear, old rows get NULL
+                    if col not in have:
+                        dtype = con.execute(f'SELECT typeof("{col}") FROM incoming LIMIT 1').fetchone()[0]
+                        con.execute(f'ALTER TABLE {table} ADD COLUMN "{col}" {dtype}')
+                con.execute(f"DELETE FROM {table} WHERE device = ?", [device])
+                con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM incoming")
+                con.execute("COMMIT")
+            except Exception:
+                con.execute("ROLLBACK")
+                raise
+        return len(rows)
+
+    def query(self, sql: str, params: list | None = None) -> pd.DataFrame:
+        with self.connect(read_only=self.db_path().exists()) as con:
+            return con.execute(sql, params or []).df()
+
+    def device_rows(self, table: str, device: str, where: str = "") -> pd.DataFrame:
+        if table not in TABLES:
+            raise DevcharError(f"unknown table {table!r}; expected one of {TABLES}")
+        if not self.has_table(table):
+            raise DevcharError(f"table {table!r} does not exist yet; materialize it for device {device!r} first")
+        df = self.query(f"SELECT * FROM {table} WHERE device = ? {('AND ' + where) if where else ''}", [device])
+        if df.empty:
+            raise DevcharError(f"table {table!r} has no rows for device {device!r}; materialize it first")
+        return df
+
+    def has_table(self, table: str) -> bool:
+        if not self.db_path().exists():
+            return False
+        got = self.query("SELECT count(*) AS n FROM information_schema.tables WHERE table_name = ?", [table])
+        return bool(got["n"].iloc[0])

@@ -1,0 +1,89 @@
+"""The PM2Lat interpolation and wave arithmetic against hand-computed values."""
+import numpy as np
+import pandas as pd
+import pytest
+
+from pipeline.errors import BadShapeError, MissingModelError, UnknownDtypeError
+from pipeline.predict.gemm import GemmModel, GemmTable
+from pipeline.predict.geometry import blocks, near_square, waves, whole_wave_shape
+
+
+def test_wave_counting():
+    # 130 x 100 with 64 x 64 tiles: 3 x 2 = 6 tiles (partial tiles count whole)
+    assert blocks(130, 100, 1, 64, 64) == 6
+    # 6 tiles x batch 4 = 24 blocks on 10 slots: 3 waves (the last one partial)
+    assert waves(130, 100, 4, 64, 64, 10) == 3
+    assert waves(128, 128, 1, 64, 64, 4) == 1
+    assert near_square(12) == (3, 4)
+    m, n = whole_wave_shape(4, 32, 32, 2)  # 8 tiles of 32 x 32
+    assert (m // 32) * (n // 32) == 8
+
+
+def _table(thr):
+    return GemmTable("mm", "float32", "k0", 32, 32, 2, waves=np.array([1.0, 4.0]), ks=np.array([32.0, 64.0, 128.0]),
+                     thr=np.array(thr, float))
+
+
+def test_interpolation_matches_eq_2_by_hand():
+    t = _table([[100.0, 200.0, 300.0], [400.0, 600.0, 800.0]])
+    # K = 96 lies halfway between 64 and 128 at 1 wave: throughput 250
+    assert t.throughput(np.array([1.0]), np.array([96.0]))[0] == pytest.approx(250.0)
+    # at 2 waves: halfway in log2(waves) between 1 and 4 -> mean of 250 and 700
+    assert t.throughput(np.array([2.0]), np.array([96.0]))[0] == pytest.approx(475.0)
+    # duration: padded flops / throughput; 32 x 64 at batch 1 is one wave of two tiles
+    flops = 2 * 1 * 2 * 32 * 32 * 96
+    assert t.predict_us(32, 64, 96, 1) == pytest.approx(flops / 250.0)
+
+
+def test_beyond_the_grid_eq_1_and_small_k_floor():
+    t = _table([[100.0, 200.0, 300.0], [400.0, 600.0, 800.0]])
+    # beyond K = 128 throughput is held, so time grows linearly with K (eq. 1)
+    assert t.predict_us(32, 64, 256, 1) == pytest.approx(2 * t.predict_us(32, 64, 128, 1))
+    # below the smallest K the duration is held
+    assert t.predict_us(32, 64, 8, 1) == pytest.approx(t.predict_us(32, 64, 32, 1))
+    # partial tiles cost whole ones: 33 x 64 needs 2 x 2 tiles = 2 waves; at a throughput
+    # that does not change with waves, that is twice the time of 32 x 64
+    flat = _table([[100.0, 200.0, 300.0], [100.0, 200.0, 300.0]])
+    assert flat.predict_us(33, 64, 64, 1) == pytest.approx(2 * flat.predict_us(32, 64, 64, 1))
+
+
+def _samples():
+    rows = []
+    for w, (m, n) in ((1, (32, 64)), (4, (64, 128))):
+        for k, us in ((32, 10.0), (64, 15.0), (128, 25.0)):
+            rows.append(dict(op="mm", dtype="float32", kernel="cpu", tile_m=32, tile_n=32, slots=2, batch=1, m=m,
+                             n=n, k=k, waves=w, median_us=us * w, held_out=False))
+    return pd.DataFrame(rows)
+
+
+def test_fit_reproduces_training_points_and_round_trips():
+    df = _samples()
+    model = GemmModel.fit(df)
+    pred = model.predict("mm", "float32", df["m"], df["n"], df["k"], df["batch"])
+    np.testing.assert_allclose(pred, df["median_us"], rtol=1e-9)
+    again = GemmModel.from_dict(model.to_dict())
+    np.testing.assert_allclose(again.predict("mm", "float32", 50, 70, 100), model.predict("mm", "float32", 50, 70, 100))
+
+
+def test_fit_refuses_held_out_rows():
+    df = _samples()
+    df.loc[0, "held_out"] = True
+    with pytest.raises(ValueError, match="held-out"):
+        GemmModel.fit(df)
+
+
+@pytest.mark.parametrize("dims,needle", [((0, 8, 8, 1), "m"), ((8, -3, 8, 1), "-3"), ((8, 8, 8, 0), "batch")])
+def test_bad_dimensions_name_the_value(dims, needle):
+    model = GemmModel.fit(_samples())
+    with pytest.raises(BadShapeError, match=needle):
+        model.predict("mm", "float32", *dims)
+
+
+def test_unknown_dtype_op_and_missing_calibration():
+    model = GemmModel.fit(_samples())
+    with pytest.raises(UnknownDtypeError, match="float8"):
+        model.predict("mm", "float8", 8, 8, 8)
+    with pytest.raises(BadShapeError, match="conv"):
+        model.predict("conv", "float32", 8, 8, 8)
+    with pytest.raises(MissingModelError, match="bfloat16"):
+        model.predict("mm", "bfloat16", 8, 8, 8)

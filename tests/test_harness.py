@@ -1,0 +1,48 @@
+import numpy as np
+import pytest
+
+from pipeline.harness.timer import Measurement, TimingSpec, measure, measure_once
+
+
+def test_statistics_of_a_known_sample():
+    m = Measurement(times_us=np.array([10.0, 20.0, 30.0, 40.0, 50.0]))
+    assert m.median_us == 30.0
+    assert m.p20_us == pytest.approx(18.0)
+    assert m.p80_us == pytest.approx(42.0)
+    assert m.cv == pytest.approx(np.std([10, 20, 30, 40, 50]) / 30.0)
+    assert m.reps == 5
+    assert m.noisy(0.1)
+    row = m.row()
+    assert set(row) >= {"median_us", "p20_us", "p80_us", "cv", "reps", "noisy", "remeasured"}
+
+
+def test_fixed_protocol_runs_exactly_warmup_plus_reps():
+    calls = []
+    m = measure_once(lambda: calls.append(1), TimingSpec.fixed(warmup=5, reps=25))
+    assert len(calls) == 30
+    assert m.reps == 25
+
+
+def test_budget_bounds_repetitions():
+    spec = TimingSpec(warmup_s=0.0, budget_s=1.0, min_reps=3, max_reps=7)
+    m = measure_once(lambda: None, spec)
+    assert m.reps == 7  # a no-op would fill the budget many times over: capped at max_reps
+    slow = TimingSpec(warmup_s=0.0, budget_s=1e-9, min_reps=4, max_reps=100)
+    assert measure_once(lambda: sum(range(1000)), slow).reps == 4
+
+
+def test_noisy_rows_are_remeasured_once_and_flagged():
+    state = {"n": 0}
+
+    def erratic():
+        state["n"] += 1
+        if state["n"] % 3 == 0:  # every third call is 2 ms slower: cv far above 0.1
+            import time
+
+            time.sleep(0.002)
+
+    spec = TimingSpec(warmup_s=0.0, budget_s=0.0, min_reps=9, max_reps=9)
+    m = measure(erratic, spec)
+    assert m.remeasured
+    assert m.noisy(spec.cv_threshold)
+    assert state["n"] == 2 * (1 + 9)  # warm-up + reps, twice

@@ -1,0 +1,111 @@
+"""End-to-end materializations into a temporary DEVCHAR_HOME, in-process, on the CPU."""
+import dagster as dg
+import pandas as pd
+import pytest
+
+from pipeline.device.discover import identify
+from resources.warehouse import DuckDBWarehouse
+
+SAMPLE_TABLES = ("devices", "gemm_samples", "utility_samples", "workload_runs", "predictions", "model_errors")
+
+
+def _materialize(slug: str, instance: dg.DagsterInstance, raise_on_error: bool = True):
+    from pipeline.definitions import defs
+
+    if not instance.has_dynamic_partition("devices", slug):
+        instance.add_dynamic_partitions("devices", [slug])
+    return defs.resolve_job_def("characterize_device").execute_in_process(
+        partition_key=slug, instance=instance, raise_on_error=raise_on_error)
+
+
+def _counts(wh: DuckDBWarehouse, device: str) -> dict:
+    return {t: int(wh.query(f"SELECT count(*) AS n FROM {t} WHERE device = ?", [device])["n"].iloc[0])
+            for t in SAMPLE_TABLES}
+
+
+def test_definitions_load():
+    from pipeline.definitions import defs
+
+    dg.Definitions.validate_loadable(defs)
+    assert {"characterize_device", "recalibrate"} <= {j.name for j in defs.jobs}
+    assert defs.resolve_assets_def("gemm_model").check_specs
+
+
+@pytest.mark.slow
+def test_quick_profile_end_to_end(devchar_home, monkeypatch):
+    """The whole quick profile: every table filled, models saved, predictions beside measurements."""
+    monkeypatch.setenv("DEVCHAR_PROFILE", "quick")
+    monkeypatch.setenv("DEVCHAR_MAX_HELDOUT_ERR", "1e9")  # accuracy is reported by `devchar run`, not asserted
+    slug = identify("cpu").slug
+    with dg.instance_for_test() as instance:
+        result = _materialize(slug, instance)
+    assert result.success
+    wh = DuckDBWarehouse()
+    counts = _counts(wh, slug)
+    assert all(n > 0 for n in counts.values()), counts
+    pred = wh.query("SELECT * FROM predictions WHERE device = ?", [slug])
+    runs = wh.query("SELECT * FROM workload_runs WHERE device = ?", [slug])
+    assert len(pred) == len(runs)
+    assert (pred["predicted_ms"] > 0).all() and (pred["measured_ms"] > 0).all()
+    held = wh.query("SELECT count(*) AS n FROM gemm_samples WHERE device = ? AND held_out", [slug])["n"].iloc[0]
+    assert held > 0
+    assert set(wh.query("SELECT DISTINCT layer_type FROM model_errors")["layer_type"]) >= {"MM", "BMM", "Linear",
+                                                                                          "Softmax", "Vector"}
+    assert (devchar_home / "models_store" / slug / "gemm_model").is_dir()
+    assert (devchar_home / "mlflow.db").is_file()
+
+
+def test_rematerializing_replaces_rows_and_spares_other_devices(devchar_home, monkeypatch):
+    monkeypatch.setenv("DEVCHAR_PROFILE", "tiny")
+    monkeypatch.setenv("DEVCHAR_MAX_HELDOUT_ERR", "1e9")
+    slug = identify("cpu").slug
+    wh = DuckDBWarehouse()
+    with dg.instance_for_test() as instance:
+        assert _materialize(slug, instance).success
+        # another device's rows, as if loaded from a reference calibration
+        other = wh.query("SELECT * FROM gemm_samples WHERE device = ?", [slug]).assign(device="cuda-other-gpu")
+        wh.replace_partition("gemm_samples", "cuda-other-gpu", other)
+        first = _counts(wh, slug)
+        assert _materialize(slug, instance).success
+    assert _counts(wh, slug) == first
+    assert wh.query("SELECT count(DISTINCT run_id) AS n FROM gemm_samples WHERE device = ?", [slug])["n"].iloc[0] == 1
+    left = wh.query("SELECT count(*) AS n FROM gemm_samples WHERE device = 'cuda-other-gpu'")["n"].iloc[0]
+    assert left == len(other)
+
+
+def test_failing_heldout_check_blocks_predictions(devchar_home, monkeypatch):
+    monkeypatch.setenv("DEVCHAR_PROFILE", "tiny")
+    monkeypatch.setenv("DEVCHAR_MAX_HELDOUT_ERR", "0")  # no model can pass
+    slug = identify("cpu").slug
+    with dg.instance_for_test() as instance:
+        result = _materialize(slug, instance, raise_on_error=False)
+    assert not result.success
+    wh = DuckDBWarehouse()
+    assert not wh.has_table("predictions")
+    checks = [e for e in result.all_events if e.event_type_value == "ASSET_CHECK_EVALUATION"]
+    assert any(not e.event_specific_data.passed and e.event_specific_data.check_name == "heldout_error"
+               for e in checks)
+
+
+def test_unregistered_device_fails_and_writes_nothing(devchar_home, monkeypatch):
+    monkeypatch.setenv("DEVCHAR_PROFILE", "tiny")
+    with dg.instance_for_test() as instance:
+        result = _materialize("cuda-no-such-gpu", instance, raise_on_error=False)
+    assert not result.success
+    failure = next(e for e in result.all_events if e.event_type_value == "STEP_FAILURE")
+    assert "cuda-no-such-gpu" in failure.event_specific_data.error.to_string()
+    assert not DuckDBWarehouse().has_table("devices")
+
+
+def test_replace_partition_is_atomic(devchar_home):
+    wh = DuckDBWarehouse()
+    good = pd.DataFrame({"device": ["d1", "d1"], "run_id": ["r", "r"], "median_us": [1.0, 2.0]})
+    wh.replace_partition("gemm_samples", "d1", good)
+    bad = pd.DataFrame({"device": ["d1"], "run_id": ["r2"], "median_us": ["not a number"]})
+    with pytest.raises(Exception):
+        wh.replace_partition("gemm_samples", "d1", bad)
+    assert wh.query("SELECT median_us FROM gemm_samples WHERE device = 'd1'")["median_us"].tolist() == [1.0, 2.0]
+    with pytest.raises(Exception, match="d2"):
+        wh.replace_partition("gemm_samples", "d2", good)  # rows name d1, not the partition d2
+    with pytest.raises(Exception, match="zero rows"):
+        wh.replace_partition("gemm_samples", "d1", good.iloc[:0])

@@ -35,7 +35,8 @@ def test_definitions_load():
 def test_quick_profile_end_to_end(devchar_home, monkeypatch):
     """The whole quick profile: every table filled, models saved, predictions beside measurements."""
     monkeypatch.setenv("DEVCHAR_PROFILE", "quick")
-    monkeypatch.setenv("DEVCHAR_MAX_HELDOUT_ERR", "1e9")  # accuracy is reported by `devchar run`, not asserted
+    monkeypatch.setenv("DEVCHAR_MAX_HELDOUT_ERR", "1e9")
+    monkeypatch.setenv("DEVCHAR_MAX_HELDOUT_MEAN_ERR", "1e9")  # accuracy is reported by `devchar run`, not asserted
     slug = identify("cpu").slug
     with dg.instance_for_test() as instance:
         result = _materialize(slug, instance)
@@ -58,6 +59,7 @@ def test_quick_profile_end_to_end(devchar_home, monkeypatch):
 def test_rematerializing_replaces_rows_and_spares_other_devices(devchar_home, monkeypatch):
     monkeypatch.setenv("DEVCHAR_PROFILE", "tiny")
     monkeypatch.setenv("DEVCHAR_MAX_HELDOUT_ERR", "1e9")
+    monkeypatch.setenv("DEVCHAR_MAX_HELDOUT_MEAN_ERR", "1e9")
     slug = identify("cpu").slug
     wh = DuckDBWarehouse()
     with dg.instance_for_test() as instance:

@@ -44,9 +44,9 @@ def _utility_callable(op: str, dtype: str, rows: int, cols: int, device: str):
     if op in ("add", "mul"):
         y = torch.randn(rows, cols, **kw)
         return (lambda: x + y) if op == "add" else (lambda: x * y)
-    if op == "copy":  # a transposing copy, as when attention heads are merged back
-        xt = x.t()
-        return lambda: xt.contiguous()
+    if op == "copy":  # a strided (transposing) copy, as when attention heads are merged back
+        src = torch.randn(cols, rows, **kw).t()  # a (rows, cols) view; copy_ always moves every element
+        return lambda: x.copy_(src)
     w, b = torch.ones(cols, **kw), torch.zeros(cols, **kw)
     table = {
         "relu": lambda: F.relu(x),

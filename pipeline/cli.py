@@ -12,9 +12,14 @@ from pipeline.errors import DevcharError
 
 
 def _prepare_home() -> None:
+    """DAGSTER_HOME lives inside DEVCHAR_HOME; its dagster.yaml turns telemetry off (no network here)."""
     os.environ.setdefault("DEVCHAR_HOME", str(devchar_home()))
-    dagster_home().mkdir(parents=True, exist_ok=True)
-    os.environ["DAGSTER_HOME"] = str(dagster_home())
+    home = dagster_home()
+    home.mkdir(parents=True, exist_ok=True)
+    if not (home / "dagster.yaml").exists():
+        (home / "dagster.yaml").write_text("# written by devchar; local storage under this directory\n"
+                                           "telemetry:\n  enabled: false\n")
+    os.environ["DAGSTER_HOME"] = str(home)
 
 
 def _warehouse():
@@ -61,12 +66,13 @@ def cmd_predict(args) -> int:
     from pipeline.predict.workload import predict_ops
     from pipeline.workloads.gpt2 import GPT2Spec, gpt2_ops
     from pipeline.config import model_store_root
+    from pipeline.dtypes import check_dtype
 
     spec = GPT2Spec(args.name, args.layers, args.hidden, args.heads, args.vocab)
+    ops = gpt2_ops(spec, args.batch, args.seq, bias_copy=args.device.startswith("cpu"))  # validates first
     gemm = store.load(model_store_root(), args.device, "gemm_model")
     utility = store.load(model_store_root(), args.device, "utility_model")
-    total, by_type = predict_ops(gpt2_ops(spec, args.batch, args.seq, bias_copy=args.device.startswith("cpu")),
-                                 args.dtype, gemm, utility)
+    total, by_type = predict_ops(ops, check_dtype(args.dtype), gemm, utility)
     parts = ", ".join(f"{k} {v / 1e3:.2f}" for k, v in sorted(by_type.items()))
     print(f"{spec.name} batch={args.batch} seq={args.seq} on {args.device}: predicted {total / 1e3:.2f} ms ({parts})")
     return 0

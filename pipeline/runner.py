@@ -7,6 +7,7 @@ sweep: DIR/<table>.parquet (or .jsonl), each row carrying `device` and `run_id`.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -37,8 +38,8 @@ def run_sweep(sweep: str, device: str = "auto", profile: str = "quick", run_id: 
 
     if sweep not in SWEEPS:
         raise DevcharError(f"unknown sweep {sweep!r}; expected one of {sorted(SWEEPS)}")
-    prof = get_profile(profile)
     dev = identify(device) if device in ("auto", "cpu", "cuda") else resolve(device)
+    prof = get_profile(profile, dev.kind)
     fix_threads(dev)
     run_id = run_id or uuid.uuid4().hex[:12]
     if sweep == "device":
@@ -84,39 +85,34 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default="runner-out", help="directory for the output files")
     ap.add_argument("--run-id", default=None)
     args = ap.parse_args(argv)
-    names = list(SWEEPS) if args.sweeps == ["all"] else args.sweeps
-    pipes = _open_pipes()
-    log = pipes.log.info if pipes else None
-    try:
-        for name in names:
-            t0 = time.perf_counter()
-            rows = run_sweep(name, args.device, args.profile, args.run_id, log)
-            path = write_rows(rows, Path(args.out), SWEEPS.get(name, name))
-            msg = f"{name}: {len(rows)} rows -> {path} in {time.perf_counter() - t0:.1f}s"
-            print(msg, file=sys.stderr, flush=True)
-            if pipes:
-                pipes.report_custom_message({"table": SWEEPS[name], "path": str(path), "rows": len(rows)})
-    except Exception as exc:  # one clear line, not a traceback, for bad input
-        from pipeline.errors import DevcharError
+    from pipeline.errors import DevcharError
 
-        if isinstance(exc, DevcharError):
+    names = list(SWEEPS) if args.sweeps == ["all"] else args.sweeps
+    with contextlib.ExitStack() as stack:
+        pipes = _open_pipes(stack)
+        log = pipes.log.info if pipes else None
+        try:
+            for name in names:
+                t0 = time.perf_counter()
+                rows = run_sweep(name, args.device, args.profile, args.run_id, log)
+                path = write_rows(rows, Path(args.out), SWEEPS[name])
+                print(f"{name}: {len(rows)} rows -> {path} in {time.perf_counter() - t0:.1f}s", file=sys.stderr,
+                      flush=True)
+                if pipes:
+                    pipes.report_custom_message({"table": SWEEPS[name], "path": str(path), "rows": len(rows)})
+        except DevcharError as exc:  # bad input: one clear line, not a traceback
             print(f"error: {exc}", file=sys.stderr)
             return 2
-        raise
-    finally:
-        if pipes:
-            pipes.__exit__(None, None, None)
     return 0
 
 
-def _open_pipes():
+def _open_pipes(stack: contextlib.ExitStack):
     """Talk back to Dagster when launched through Pipes; plain stderr otherwise."""
     if "DAGSTER_PIPES_CONTEXT" not in os.environ:
         return None
     from dagster_pipes import open_dagster_pipes
 
-    ctx = open_dagster_pipes()
-    return ctx.__enter__()
+    return stack.enter_context(open_dagster_pipes())
 
 
 if __name__ == "__main__":

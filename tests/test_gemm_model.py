@@ -87,3 +87,13 @@ def test_unknown_dtype_op_and_missing_calibration():
         model.predict("conv", "float32", 8, 8, 8)
     with pytest.raises(MissingModelError, match="bfloat16"):
         model.predict("mm", "bfloat16", 8, 8, 8)
+
+
+def test_capped_cells_take_the_shape_of_the_row_below():
+    from pipeline.predict.gemm import fill_capped
+
+    thr = np.array([[10.0, 20.0, 40.0], [30.0, np.nan, np.nan]])
+    # the upper row keeps its measured 30 and follows the lower row's doubling in K
+    np.testing.assert_allclose(fill_capped(thr), [[10.0, 20.0, 40.0], [30.0, 60.0, 120.0]])
+    with pytest.raises(ValueError, match="row 1"):
+        fill_capped(np.array([[1.0, 2.0], [np.nan, np.nan]]))

@@ -57,6 +57,28 @@ class GemmTable:
         return padded_flops / self.throughput(w, kk)
 
 
+def fill_capped(thr: np.ndarray) -> np.ndarray:
+    """Fill the large-K cells a sweep skipped (its FLOP cap per point) on the largest wave rows.
+
+    A missing cell takes the K-profile of the next smaller wave count, scaled to meet this
+    row at its largest measured K: throughput's shape in K carries over between neighbouring
+    wave counts, its level does not.
+    """
+    out = thr.copy()
+    for i, row in enumerate(out):
+        have = ~np.isnan(row)
+        if have.all():
+            continue
+        if not have.any():
+            raise ValueError(f"wave row {i} has no measured K at all")
+        if i == 0:  # nothing below to borrow a shape from: hold the nearest measured value
+            row[~have] = np.interp(np.flatnonzero(~have), np.flatnonzero(have), row[have])
+            continue
+        j = np.flatnonzero(have)[-1]
+        row[~have] = out[i - 1][~have] * (row[j] / out[i - 1][j])
+    return out
+
+
 def _bracket(grid: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Index of the grid cell holding x and the fraction across it; clamped to the grid's ends."""
     if grid.size == 1:
@@ -84,10 +106,10 @@ class GemmModel:
             slots = int(g["slots"].iloc[0])
             g = g.assign(thr=2.0 * g["waves"] * slots * tm * tn * g["k"] / g["median_us"])
             grid = g.pivot_table(index="waves", columns="k", values="thr", aggfunc="median").sort_index()
-            grid = grid.sort_index(axis=1).interpolate(axis=1, limit_direction="both")
+            grid = grid.sort_index(axis=1)
             kernel = g["kernel"].mode().iloc[0]
             tables[(op, dtype)] = GemmTable(op, dtype, str(kernel), tm, tn, slots, grid.index.to_numpy(float),
-                                            grid.columns.to_numpy(float), grid.to_numpy(float))
+                                            grid.columns.to_numpy(float), fill_capped(grid.to_numpy(float)))
         return GemmModel(tables)
 
     def table(self, op: str, dtype: str) -> GemmTable:

@@ -52,7 +52,10 @@ def training_points(dev: DeviceIdentity, profile: Profile) -> list[GemmPoint]:
                 # stay the size of the mm ones (a tile per matrix would need huge batches).
                 b = math.gcd(w * slots, 8) if op == "bmm" else 1
                 m, n = whole_wave_shape(w, tile_m, tile_n, slots, batch=b)
-                pts += [GemmPoint(op, dtype, b, m, n, k, False) for k in profile.k_values]
+                # The largest outputs (where a CPU allocator's page faults start to show) are
+                # measured at small K only, within the profile's FLOP cap per point.
+                ks = [k for k in profile.k_values if 2 * b * m * n * k <= profile.max_point_flops]
+                pts += [GemmPoint(op, dtype, b, m, n, k, False) for k in ks or profile.k_values[:1]]
     return pts
 
 

@@ -1,7 +1,7 @@
 """Sweep profiles: how much to measure. `tiny` is for tests, `quick` the CPU default, `full` the paper's ranges."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from pipeline.errors import DevcharError
 from pipeline.harness.timer import TimingSpec
@@ -13,6 +13,7 @@ class Profile:
     k_values: tuple[int, ...]  # PM2Lat: powers of two 32 ... 8192
     wave_step: int  # whole waves measured per K: 1, step, step^2, ... while the output fits
     max_gemm_outputs: int  # ... in this many output elements (M x N x batch)
+    max_point_flops: float  # larger (waves, K) points are skipped and filled at fit time
     heldout_per_op: int  # random shapes per (op, dtype), never used for fitting
     heldout_max_mn: int
     heldout_max_k: int
@@ -34,22 +35,22 @@ _CPU_TIMING = TimingSpec(warmup_s=0.01, budget_s=0.04, min_reps=5, max_reps=100,
 
 PROFILES = {
     "tiny": Profile(
-        name="tiny", k_values=(32, 128, 512), wave_step=4, max_gemm_outputs=1 << 12, heldout_per_op=4,
-        heldout_max_mn=256, heldout_max_k=512, heldout_max_bmm=64, utility_max_elems=1 << 16,
+        name="tiny", k_values=(32, 128, 512), wave_step=4, max_gemm_outputs=1 << 12, max_point_flops=1e12,
+        heldout_per_op=4, heldout_max_mn=256, heldout_max_k=512, heldout_max_bmm=64, utility_max_elems=1 << 16,
         utility_heldout_per_op=2, gemm_timing=TimingSpec(warmup_s=0.0, budget_s=0.005, min_reps=3, max_reps=20),
         utility_timing=TimingSpec(warmup_s=0.0, budget_s=0.005, min_reps=3, max_reps=20),
         workload_configs="tiny", workload_batches=(1, 2), workload_seqs=(16,), workload_warmup=1, workload_reps=3,
     ),
     "quick": Profile(
-        name="quick", k_values=POW2_K, wave_step=4, max_gemm_outputs=1 << 21, heldout_per_op=40,
-        heldout_max_mn=2048, heldout_max_k=2048, heldout_max_bmm=512, utility_max_elems=1 << 22,
+        name="quick", k_values=POW2_K, wave_step=4, max_gemm_outputs=1 << 25, max_point_flops=4e9,
+        heldout_per_op=40, heldout_max_mn=2048, heldout_max_k=2048, heldout_max_bmm=512, utility_max_elems=1 << 22,
         utility_heldout_per_op=12, gemm_timing=_CPU_TIMING, utility_timing=_CPU_TIMING,
         workload_configs="quick", workload_batches=(1, 4, 8), workload_seqs=(128,),
     ),
     # PM2Lat's protocol and evaluation ranges: >= 25 runs and ~500 ms per point; 1000 held-out shapes.
     "full": Profile(
-        name="full", k_values=POW2_K, wave_step=2, max_gemm_outputs=1 << 26, heldout_per_op=1000,
-        heldout_max_mn=8192, heldout_max_k=2000, heldout_max_bmm=1024, utility_max_elems=16384 * 16384,
+        name="full", k_values=POW2_K, wave_step=2, max_gemm_outputs=1 << 26, max_point_flops=1e15,
+        heldout_per_op=1000, heldout_max_mn=8192, heldout_max_k=2000, heldout_max_bmm=1024, utility_max_elems=16384 * 16384,
         utility_heldout_per_op=200,
         gemm_timing=TimingSpec(warmup_s=0.1, budget_s=0.5, min_reps=25, max_reps=10000, flush_l2=True),
         utility_timing=TimingSpec(warmup_s=0.05, budget_s=0.2, min_reps=25, max_reps=10000, flush_l2=True),
@@ -66,7 +67,18 @@ def wave_counts(profile: Profile, slots: int, tile_m: int, tile_n: int) -> list[
     return counts
 
 
-def get_profile(name: str) -> Profile:
+# A GPU runs the same profile names with GPU-sized grids: whole waves of 132 SMs x 128^2
+# tiles are large, and kernels are microseconds, so time budgets and repetitions go up.
+_GPU_TIMING = TimingSpec(warmup_s=0.02, budget_s=0.1, min_reps=25, max_reps=2000, flush_l2=True)
+CUDA_OVERRIDES = {
+    "quick": dict(wave_step=2, max_gemm_outputs=1 << 27, max_point_flops=2e12, heldout_max_mn=8192,
+                  heldout_max_k=2000, heldout_max_bmm=1024, utility_max_elems=1 << 26, gemm_timing=_GPU_TIMING,
+                  utility_timing=_GPU_TIMING),
+}
+
+
+def get_profile(name: str, kind: str = "cpu") -> Profile:
     if name not in PROFILES:
         raise DevcharError(f"unknown profile {name!r}; expected one of {sorted(PROFILES)}")
-    return PROFILES[name]
+    prof = PROFILES[name]
+    return replace(prof, **CUDA_OVERRIDES.get(name, {})) if kind == "cuda" else prof

@@ -19,6 +19,8 @@ def build_gpt2(spec: GPT2Spec, dtype: str = "float32", device: str = "cpu"):
         # transformers 5 reads this into config._attn_implementation; without it the model
         # would pick sdpa, whose fused kernel is not the op list's bmm/softmax/bmm.
         attn_implementation="eager", use_cache=False,
+        # GPT-2's special token is the last id of its vocabulary, whatever the vocabulary's size.
+        bos_token_id=spec.vocab_size - 1, eos_token_id=spec.vocab_size - 1,
     )
     torch.manual_seed(0)
     model = GPT2LMHeadModel(config)

@@ -1,0 +1,61 @@
+"""The device-side runner: CLI, output files, and the Dagster Pipes subprocess path."""
+import dagster as dg
+import pandas as pd
+import pytest
+
+from pipeline import runner
+from pipeline.device.discover import identify
+
+
+def test_runner_writes_one_file_per_sweep(tmp_path):
+    assert runner.main(["device", "utility", "--profile", "tiny", "--out", str(tmp_path), "--run-id", "abc"]) == 0
+    dev = pd.read_parquet(tmp_path / "devices.parquet")
+    util = pd.read_parquet(tmp_path / "utility_samples.parquet")
+    assert dev["name"].iloc[0] == identify("cpu").slug
+    assert dev["peak_flops_float32"].iloc[0] > 0 and dev["bandwidth_gbps"].iloc[0] > 0
+    assert set(util["run_id"]) == {"abc"} and (util["median_us"] > 0).all()
+    assert {"bytes_read", "bytes_written", "flops", "held_out"} <= set(util.columns)
+
+
+def test_runner_rejects_unknown_sweep_and_device(tmp_path, capsys):
+    assert runner.main(["conv3d", "--out", str(tmp_path)]) == 2
+    assert "conv3d" in capsys.readouterr().err
+    assert runner.main(["gemm", "--device", "cuda-h999", "--out", str(tmp_path)]) == 2
+    assert "cuda-h999" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())
+
+
+def test_jsonl_fallback_round_trips(tmp_path, monkeypatch):
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_pyarrow(name, *a, **k):
+        if name.startswith("pyarrow"):
+            raise ImportError(name)
+        return real_import(name, *a, **k)
+
+    monkeypatch.setattr(builtins, "__import__", no_pyarrow)
+    path = runner.write_rows([{"device": "d", "median_us": 1.5}], tmp_path, "gemm_samples")
+    monkeypatch.undo()
+    from resources.devices import read_rows
+
+    assert path.suffix == ".jsonl"
+    assert read_rows(path)["median_us"].tolist() == [1.5]
+
+
+def test_subprocess_mode_through_dagster_pipes(devchar_home, monkeypatch):
+    from assets.samples import device_spec, utility_samples
+    from pipeline.partitions import devices
+    from resources.devices import DeviceRunner
+    from resources.warehouse import DuckDBWarehouse
+
+    slug = identify("cpu").slug
+    with dg.instance_for_test() as instance:
+        instance.add_dynamic_partitions(devices.name, [slug])
+        result = dg.materialize([device_spec, utility_samples], partition_key=slug, instance=instance,
+                                resources={"device_runner": DeviceRunner(profile="tiny", mode="subprocess"),
+                                           "warehouse": DuckDBWarehouse()})
+    assert result.success
+    n = DuckDBWarehouse().query("SELECT count(*) AS n FROM utility_samples WHERE device = ?", [slug])["n"].iloc[0]
+    assert n > 0

@@ -89,11 +89,17 @@ def test_unknown_dtype_op_and_missing_calibration():
         model.predict("mm", "bfloat16", 8, 8, 8)
 
 
-def test_capped_cells_take_the_shape_of_the_row_below():
+def test_capped_cells_extend_the_row_below_additively():
     from pipeline.predict.gemm import fill_capped
 
-    thr = np.array([[10.0, 20.0, 40.0], [30.0, np.nan, np.nan]])
-    # the upper row keeps its measured 30 and follows the lower row's doubling in K
-    np.testing.assert_allclose(fill_capped(thr), [[10.0, 20.0, 40.0], [30.0, 60.0, 120.0]])
+    ks = np.array([1.0, 2.0, 4.0])
+    # per-wave time of the lower row: 0.1, 0.2, 0.4 (linear in K); the upper row measured
+    # 0.05 at K = 1 and then grows by the same 0.1 and 0.3: throughput K / time
+    thr = np.array([[10.0, 10.0, 10.0], [20.0, np.nan, np.nan]])
+    np.testing.assert_allclose(fill_capped(thr, ks)[1], [20.0, 2 / 0.15, 4 / 0.35])
+    # time never shrinks as K grows, even when the lower row's timings are noisy
+    noisy = np.array([[10.0, 40.0, 80.0], [20.0, np.nan, np.nan]])
+    filled = fill_capped(noisy, ks)[1]
+    assert (ks / filled >= ks[0] / filled[0] - 1e-12).all()
     with pytest.raises(ValueError, match="row 1"):
-        fill_capped(np.array([[1.0, 2.0], [np.nan, np.nan]]))
+        fill_capped(np.array([[1.0, 2.0], [np.nan, np.nan]]), ks[:2])

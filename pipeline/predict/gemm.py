@@ -57,12 +57,13 @@ class GemmTable:
         return padded_flops / self.throughput(w, kk)
 
 
-def fill_capped(thr: np.ndarray) -> np.ndarray:
+def fill_capped(thr: np.ndarray, ks: np.ndarray) -> np.ndarray:
     """Fill the large-K cells a sweep skipped (its FLOP cap per point) on the largest wave rows.
 
-    A missing cell takes the K-profile of the next smaller wave count, scaled to meet this
-    row at its largest measured K: throughput's shape in K carries over between neighbouring
-    wave counts, its level does not.
+    Latency grows linearly in K at fixed waves (PM2Lat Fig. 3), so a missing cell is this
+    row's last measured time per wave plus the *increase* the next smaller wave row shows
+    from that K on: the fixed costs measured at small K (on the CPU, page faults of a fresh
+    output buffer) are kept once, not scaled with K.
     """
     out = thr.copy()
     for i, row in enumerate(out):
@@ -71,11 +72,13 @@ def fill_capped(thr: np.ndarray) -> np.ndarray:
             continue
         if not have.any():
             raise ValueError(f"wave row {i} has no measured K at all")
-        if i == 0:  # nothing below to borrow a shape from: hold the nearest measured value
+        if i == 0:  # nothing below to borrow from: hold the nearest measured value
             row[~have] = np.interp(np.flatnonzero(~have), np.flatnonzero(have), row[have])
             continue
-        j = np.flatnonzero(have)[-1]
-        row[~have] = out[i - 1][~have] * (row[j] / out[i - 1][j])
+        j, miss = np.flatnonzero(have)[-1], ~have
+        per_wave = ks / out[i - 1]  # time per wave, up to a constant factor that cancels
+        mine = ks[j] / row[j]
+        row[miss] = ks[miss] / np.maximum(mine + per_wave[miss] - per_wave[j], mine)
     return out
 
 
@@ -109,7 +112,8 @@ class GemmModel:
             grid = grid.sort_index(axis=1)
             kernel = g["kernel"].mode().iloc[0]
             tables[(op, dtype)] = GemmTable(op, dtype, str(kernel), tm, tn, slots, grid.index.to_numpy(float),
-                                            grid.columns.to_numpy(float), fill_capped(grid.to_numpy(float)))
+                                            grid.columns.to_numpy(float),
+                                            fill_capped(grid.to_numpy(float), grid.columns.to_numpy(float)))
         return GemmModel(tables)
 
     def table(self, op: str, dtype: str) -> GemmTable:

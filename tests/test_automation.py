@@ -1,0 +1,40 @@
+"""The re-calibration schedule and the device-registering sensor."""
+from datetime import datetime, timezone
+
+import dagster as dg
+
+from pipeline.device.discover import identify
+from pipeline.partitions import devices
+from pipeline.schedules import weekly_recalibration
+from pipeline.sensors import local_device_sensor
+
+WHEN = datetime(2026, 11, 23, 3, 0, tzinfo=timezone.utc)
+
+
+def test_schedule_requests_one_run_per_registered_device():
+    with dg.instance_for_test() as instance:
+        ctx = dg.build_schedule_context(instance=instance, scheduled_execution_time=WHEN)
+        assert isinstance(weekly_recalibration(ctx), dg.SkipReason)
+        instance.add_dynamic_partitions(devices.name, ["cpu-a-2c", "cuda-b"])
+        requests = weekly_recalibration(dg.build_schedule_context(instance=instance, scheduled_execution_time=WHEN))
+        assert sorted(r.partition_key for r in requests) == ["cpu-a-2c", "cuda-b"]
+        assert all(r.run_key.endswith("20261123") for r in requests)  # one run per device per week
+        assert weekly_recalibration.job_name == "recalibrate"
+
+
+def test_sensor_registers_the_local_device_once():
+    slug = identify("cpu").slug
+    with dg.instance_for_test() as instance:
+        result = local_device_sensor(dg.build_sensor_context(instance=instance))
+        assert isinstance(result, dg.SensorResult)
+        assert slug in result.dynamic_partitions_requests[0].partition_keys
+        instance.add_dynamic_partitions(devices.name, [slug])
+        assert isinstance(local_device_sensor(dg.build_sensor_context(instance=instance)), dg.SkipReason)
+
+
+def test_recalibration_job_covers_samples_and_models_only():
+    from pipeline.definitions import defs
+
+    job = defs.resolve_job_def("recalibrate")
+    keys = {k.to_user_string() for k in job.asset_layer.executable_asset_keys}
+    assert keys == {"device_spec", "gemm_samples", "utility_samples", "workload_runs", "gemm_model", "utility_model"}

@@ -10,7 +10,7 @@ import pandas as pd
 import dagster as dg
 from assets.common import image_md, md_table, save_plot
 from pipeline.partitions import devices
-from pipeline.plots import throughput_vs_k
+from pipeline.plots import latency_vs_bytes, throughput_vs_k
 from pipeline.quality import max_noisy_share
 from resources.devices import DeviceRunner
 from resources.warehouse import DuckDBWarehouse
@@ -80,7 +80,10 @@ def utility_samples(context: dg.AssetExecutionContext, device_runner: DeviceRunn
     gbps = (df["bytes_read"] + df["bytes_written"]) / df["median_us"] / 1e3
     summary = df.assign(gbps=gbps).groupby(["op", "dtype"]).agg(rows=("op", "size"), best_gbps=("gbps", "max"),
                                                                 median_us=("median_us", "median")).reset_index()
-    return dg.MaterializeResult(metadata={"rows": len(df), "summary": md_table(summary)},
+    png = latency_vs_bytes(df)
+    save_plot(png, context.partition_key, "utility_latency_vs_bytes")
+    return dg.MaterializeResult(metadata={"rows": len(df), "summary": md_table(summary),
+                                          "latency_vs_bytes": image_md(png, "Latency vs bytes moved")},
                                 check_results=_check_results(df, "median_us"))
 
 

@@ -60,3 +60,21 @@ def predicted_vs_measured(panels: dict[str, tuple[np.ndarray, np.ndarray]], unit
     for ax in axes[len(panels):]:
         ax.axis("off")
     return _png(plt, fig)
+
+
+def latency_vs_bytes(samples) -> bytes:
+    """Utility ops: measured latency against bytes moved, one panel per op, one colour per dtype."""
+    groups = list(samples.groupby("op"))
+    plt, fig, axes = _fig(len(groups))
+    for ax, (op, g) in zip(axes, groups):
+        for dtype, gd in g.groupby("dtype"):
+            ax.scatter(gd["bytes_read"] + gd["bytes_written"], gd["median_us"], s=8, label=dtype)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_title(op, fontsize=9)
+        ax.set_xlabel("bytes moved")
+        ax.set_ylabel("us")
+        ax.legend(fontsize=6)
+    for ax in axes[len(groups):]:
+        ax.axis("off")
+    return _png(plt, fig)

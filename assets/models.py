@@ -43,16 +43,19 @@ def _fit(context, warehouse, tracking, store, name: str, table: str, fit, predic
     png = predicted_vs_measured({f"{op} {dt}": (g["median_us"].to_numpy(), g["predicted_us"].to_numpy())
                                  for (op, dt), g in pred.groupby(["op", "dtype"])})
     plot_path = save_plot(png, device, f"{name}_heldout")
+    worst = errors.sort_values("median_rel_err").iloc[-1]
+    passed = bool((errors["median_rel_err"] <= max_heldout_err()).all()
+                  and overall["mean_rel_err"] <= max_heldout_mean_err())
+    # Saved either way (its history is worth keeping), but marked: `latest` skips failed versions.
     meta = {"device": device, "version": version, "data_hash": dhash, "train_rows": len(train),
-            "heldout_rows": len(held), "errors": errors.to_dict("records"), "run_id": context.run.run_id}
+            "heldout_rows": len(held), "errors": errors.to_dict("records"), "run_id": context.run.run_id,
+            "heldout_check_passed": passed}
     path = store.save(device, name, model, meta, version)
     metrics = {"heldout_mean_rel_err": overall["mean_rel_err"], "heldout_max_rel_err": overall["max_rel_err"]}
     metrics.update({f"mre_{r.op}_{r.dtype}": r.mean_rel_err for r in errors.itertuples()})
     mlflow_run = tracking.log_fit(name, device, {"train_rows": len(train), "version": version}, metrics,
-                                  {"data_hash": dhash}, [path / "model.json", plot_path])
-    worst = errors.sort_values("median_rel_err").iloc[-1]
-    passed = bool((errors["median_rel_err"] <= max_heldout_err()).all()
-                  and overall["mean_rel_err"] <= max_heldout_mean_err())
+                                  {"data_hash": dhash, "heldout_check_passed": str(passed)},
+                                  [path / "model.json", plot_path])
     return dg.MaterializeResult(
         metadata={"version": version, "path": dg.MetadataValue.path(str(path)), "mlflow_run_id": mlflow_run,
                   "data_hash": dhash, "heldout_mean_rel_err": float(overall["mean_rel_err"]),

@@ -87,6 +87,12 @@ def test_failing_heldout_check_blocks_predictions(devchar_home, monkeypatch):
     checks = [e for e in result.all_events if e.event_type_value == "ASSET_CHECK_EVALUATION"]
     assert any(not e.event_specific_data.passed and e.event_specific_data.check_name == "heldout_error"
                for e in checks)
+    # the failed fit is kept for its history, but `latest` refuses it: the CLI cannot use it either
+    from pipeline.errors import MissingModelError
+    from resources.model_store import ModelStore
+
+    with pytest.raises(MissingModelError, match="held-out check"):
+        ModelStore().load(slug, "gemm_model")
 
 
 def test_unregistered_device_fails_and_writes_nothing(devchar_home, monkeypatch):

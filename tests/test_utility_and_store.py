@@ -59,6 +59,17 @@ def test_store_versions_missing_and_corrupt(tmp_path):
     assert store.load(tmp_path, "dev-a", "utility_model", "20260101T000000-aaaa").coefs
 
 
+def test_latest_skips_versions_that_failed_their_check(tmp_path):
+    good, bad = UtilityModel.fit(_linear_samples("relu")), UtilityModel.fit(_linear_samples("gelu"))
+    store.save(tmp_path, "d", "utility_model", good, {"heldout_check_passed": True}, "20260101T000000-a")
+    store.save(tmp_path, "d", "utility_model", bad, {"heldout_check_passed": False}, "20260102T000000-b")
+    assert set(store.load(tmp_path, "d", "utility_model").coefs) == {("relu", "float32")}
+    assert set(store.load(tmp_path, "d", "utility_model", "20260102T000000-b").coefs) == {("gelu", "float32")}
+    store.save(tmp_path, "e", "utility_model", bad, {"heldout_check_passed": False}, "20260102T000000-b")
+    with pytest.raises(MissingModelError, match="held-out check"):
+        store.load(tmp_path, "e", "utility_model")
+
+
 def test_cli_predict_without_models_is_one_clear_error(devchar_home, capsys):
     assert cli_main(["predict", "--device", "cpu-nowhere", "--layers", "2", "--hidden", "64", "--heads", "2"]) == 2
     err = capsys.readouterr().err

@@ -44,13 +44,27 @@ def versions(root: Path, device: str, model_name: str) -> list[str]:
     return sorted(p.name for p in d.iterdir() if p.is_dir() and not p.name.startswith(".")) if d.is_dir() else []
 
 
+def _passed(version_dir: Path) -> bool:
+    """A version is usable by default unless its meta says it failed the held-out check."""
+    try:
+        return json.loads((version_dir / "meta.json").read_text()).get("heldout_check_passed", True) is not False
+    except (OSError, ValueError):
+        return False
+
+
 def load(root: Path, device: str, model_name: str, version: str = "latest"):
     if model_name not in LOADERS:
         raise MissingModelError(f"unknown model {model_name!r}; expected one of {sorted(LOADERS)}")
     found = versions(root, device, model_name)
     if not found:
         raise MissingModelError(f"no saved {model_name} for device {device!r} under {root}; run `devchar run` first")
-    v = found[-1] if version == "latest" else version
+    if version == "latest":
+        good = [v for v in found if _passed(Path(root) / device / model_name / v)]
+        if not good:
+            raise MissingModelError(f"every saved {model_name} for device {device!r} failed its held-out check "
+                                    f"({found}); re-calibrate on a quieter machine or load one by version")
+        version = good[-1]
+    v = version
     path = Path(root) / device / model_name / v / "model.json"
     if not path.is_file():
         raise MissingModelError(f"{model_name} version {v!r} for device {device!r} not found; have {found}")

@@ -16,6 +16,22 @@ TABLES = ("devices", "gemm_samples", "utility_samples", "attention_samples", "em
           "overhead_samples", "opencl_launches", "workload_runs", "predictions", "model_errors")
 
 
+# Columns that one kind of device leaves NULL (a CPU has no CUDA version, no tf32 peak):
+# declared, so the first device to create a table does not fix them to DuckDB's guess for
+# an all-NULL column (INTEGER), which a later GPU row could not be inserted into.
+COLUMN_TYPES = {
+    "devices": {"cores": "INTEGER", "threads": "INTEGER", "sm_count": "INTEGER", "memory_bytes": "BIGINT",
+                "l2_bytes": "BIGINT", "cuda_version": "VARCHAR", "driver_version": "VARCHAR",
+                **{f"peak_flops_{dt}": "DOUBLE" for dt in ("float32", "tf32", "bfloat16", "float16")}},
+    "gemm_samples": {"split_k": "INTEGER"},
+}
+
+
+def _typed_select(table: str, columns) -> str:
+    types = COLUMN_TYPES.get(table, {})
+    return ", ".join(f'CAST("{c}" AS {types[c]}) AS "{c}"' if c in types else f'"{c}"' for c in columns)
+
+
 class DuckDBWarehouse(dg.ConfigurableResource):
     """Tables named in ARCHITECTURE.md; every row carries `device` and `run_id`."""
 
@@ -54,7 +70,8 @@ class DuckDBWarehouse(dg.ConfigurableResource):
             raise DevcharError(f"rows for {table} name devices {sorted(rows.get('device', pd.Series()).unique())}, "
                                f"not the partition {device!r}")
         with self.connect() as con:
-            con.register("incoming", rows)
+            con.register("raw_incoming", rows)
+            con.execute(f"CREATE TEMP VIEW incoming AS SELECT {_typed_select(table, rows.columns)} FROM raw_incoming")
             con.execute("BEGIN TRANSACTION")
             try:
                 con.execute(f"CREATE TABLE IF NOT EXISTS {table} AS SELECT * FROM incoming LIMIT 0")
@@ -62,6 +79,7 @@ class DuckDBWarehouse(dg.ConfigurableResource):
                 for col in rows.columns:  # additive schema change: new columns appear, old rows get NULL
                     if col not in have:
                         dtype = con.execute(f'SELECT typeof("{col}") FROM incoming LIMIT 1').fetchone()[0]
+                        dtype = "VARCHAR" if dtype == "NULL" else dtype
                         con.execute(f'ALTER TABLE {table} ADD COLUMN "{col}" {dtype}')
                 con.execute(f"DELETE FROM {table} WHERE device = ?", [device])
                 con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM incoming")

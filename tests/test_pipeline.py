@@ -117,3 +117,16 @@ def test_replace_partition_is_atomic(devchar_home):
         wh.replace_partition("gemm_samples", "d2", good)  # rows name d1, not the partition d2
     with pytest.raises(Exception, match="zero rows"):
         wh.replace_partition("gemm_samples", "d1", good.iloc[:0])
+
+
+def test_devices_table_takes_cpu_then_gpu_rows(devchar_home):
+    """A CPU row (NULL CUDA fields) first must not fix those columns to a type GPU values break."""
+    wh = DuckDBWarehouse()
+    cpu = pd.DataFrame([{"device": "cpu-x", "run_id": "r", "kind": "cpu", "cuda_version": None,
+                         "driver_version": None, "sm_count": None, "peak_flops_tf32": None}])
+    gpu = pd.DataFrame([{"device": "cuda-y", "run_id": "r", "kind": "cuda", "cuda_version": "12.8",
+                         "driver_version": "570.86.15", "sm_count": 132, "peak_flops_tf32": 4.9e14}])
+    wh.replace_partition("devices", "cpu-x", cpu)
+    wh.replace_partition("devices", "cuda-y", gpu)
+    got = wh.query("SELECT * FROM devices WHERE device = 'cuda-y'").iloc[0]
+    assert got["driver_version"] == "570.86.15" and got["peak_flops_tf32"] == 4.9e14 and got["sm_count"] == 132

@@ -73,7 +73,7 @@ _GPU_TIMING = TimingSpec(warmup_s=0.02, budget_s=0.1, min_reps=25, max_reps=2000
 CUDA_OVERRIDES = {
     "quick": dict(wave_step=2, max_gemm_outputs=1 << 27, max_point_flops=2e12, heldout_max_mn=8192,
                   heldout_max_k=2000, heldout_max_bmm=1024, utility_max_elems=1 << 26, gemm_timing=_GPU_TIMING,
-                  utility_timing=_GPU_TIMING),
+                  utility_timing=_GPU_TIMING, workload_configs="full"),
 }
 
 

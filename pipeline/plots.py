@@ -18,7 +18,18 @@ def _fig(nplots: int):
     return plt, fig, axes.ravel()
 
 
-def _png(plt, fig) -> bytes:
+def _label(ax, title: str, xlabel: str, ylabel: str, loglog: bool = True) -> None:
+    if loglog:
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+    ax.set_title(title, fontsize=9)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+
+
+def _png(plt, fig, axes, used: int) -> bytes:
+    for ax in axes[used:]:  # the grid's spare panels
+        ax.axis("off")
     buf = io.BytesIO()
     fig.tight_layout()
     fig.savefig(buf, format="png", dpi=80)
@@ -34,14 +45,10 @@ def throughput_vs_k(train) -> bytes:
         for w, gw in g.groupby("waves"):
             gw = gw.sort_values("k")
             ax.plot(gw["k"], gw["flops"] / gw["median_us"] / 1e6, marker="o", ms=3, label=f"{w} waves")
+        _label(ax, f"{op} {dtype}", "K", "TFLOP/s", loglog=False)
         ax.set_xscale("log", base=2)
-        ax.set_title(f"{op} {dtype}", fontsize=9)
-        ax.set_xlabel("K")
-        ax.set_ylabel("TFLOP/s")
         ax.legend(fontsize=6)
-    for ax in axes[len(groups):]:
-        ax.axis("off")
-    return _png(plt, fig)
+    return _png(plt, fig, axes, len(groups))
 
 
 def predicted_vs_measured(panels: dict[str, tuple[np.ndarray, np.ndarray]], unit: str = "us") -> bytes:
@@ -52,14 +59,8 @@ def predicted_vs_measured(panels: dict[str, tuple[np.ndarray, np.ndarray]], unit
         lo = float(min(np.min(meas), np.min(pred)))
         hi = float(max(np.max(meas), np.max(pred)))
         ax.plot([lo, hi], [lo, hi], "k--", lw=0.8)
-        ax.set_xscale("log")
-        ax.set_yscale("log")
-        ax.set_title(name, fontsize=9)
-        ax.set_xlabel(f"measured ({unit})")
-        ax.set_ylabel(f"predicted ({unit})")
-    for ax in axes[len(panels):]:
-        ax.axis("off")
-    return _png(plt, fig)
+        _label(ax, name, f"measured ({unit})", f"predicted ({unit})")
+    return _png(plt, fig, axes, len(panels))
 
 
 def latency_vs_bytes(samples) -> bytes:
@@ -69,12 +70,6 @@ def latency_vs_bytes(samples) -> bytes:
     for ax, (op, g) in zip(axes, groups):
         for dtype, gd in g.groupby("dtype"):
             ax.scatter(gd["bytes_read"] + gd["bytes_written"], gd["median_us"], s=8, label=dtype)
-        ax.set_xscale("log")
-        ax.set_yscale("log")
-        ax.set_title(op, fontsize=9)
-        ax.set_xlabel("bytes moved")
-        ax.set_ylabel("us")
+        _label(ax, op, "bytes moved", "us")
         ax.legend(fontsize=6)
-    for ax in axes[len(groups):]:
-        ax.axis("off")
-    return _png(plt, fig)
+    return _png(plt, fig, axes, len(groups))

@@ -109,6 +109,46 @@ def cmd_load(args) -> int:
     return 0
 
 
+def _local_slug(device: str | None) -> str:
+    from pipeline.device.discover import identify
+
+    return device or identify("auto").slug
+
+
+def cmd_bench_predict(args) -> int:
+    from pipeline.bench import bench_predict
+    from pipeline.config import model_store_root
+    from pipeline.predict import store
+
+    device = _local_slug(args.device)
+    gemm = store.load(model_store_root(), device, "gemm_model")
+    baselines = {}
+    for name in store.BASELINES:
+        try:
+            baselines[name] = store.load(model_store_root(), device, name)
+        except DevcharError as exc:
+            print(f"{name}: skipped ({exc})", file=sys.stderr)
+    for name, per_s in bench_predict(gemm, baselines, n_vector=args.n).items():
+        print(f"{name}: {per_s:,.0f} predictions/s")
+    return 0
+
+
+def cmd_predict_grid(args) -> int:
+    from pipeline.config import model_store_root
+    from pipeline.grid_cache import TABLE, LayerGrid, write_grid
+    from pipeline.predict import store
+
+    device = _local_slug(args.device)
+    grid = LayerGrid(tuple(int(f) for f in args.features.split(",")) if args.features else LayerGrid.features,
+                     args.batch_max, args.seq_min, args.seq_max, args.seq_step)
+    gemm = store.load(model_store_root(), device, "gemm_model")
+    print(f"predict-grid: {grid.rows:,} {args.op} {args.dtype} shapes for {device} -> {TABLE}", flush=True)
+    with _warehouse().connect() as con:
+        rows, secs = write_grid(con, gemm, device, grid, args.op, args.dtype)
+    print(f"predict-grid: {rows:,} rows in {secs:.1f} s ({rows / secs:,.0f} rows/s)")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="devchar", description="Characterize a device and predict DL workload latency.")
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -135,6 +175,20 @@ def build_parser() -> argparse.ArgumentParser:
     u.add_argument("--host", default="127.0.0.1")
     u.add_argument("--port", type=int, default=3000)
     u.set_defaults(fn=cmd_ui)
+    bp = sub.add_parser("bench-predict", help="predictions per second: vectorized, per-shape loop, baselines")
+    bp.add_argument("--device", default=None, help="device slug (default: the local device)")
+    bp.add_argument("--n", type=int, default=10_000_000, help="shapes for the vectorized run")
+    bp.set_defaults(fn=cmd_bench_predict)
+    pg = sub.add_parser("predict-grid", help="cache one MatMul layer's predictions over a NAS grid in DuckDB")
+    pg.add_argument("--device", default=None, help="device slug (default: the local device)")
+    pg.add_argument("--op", default="linear")
+    pg.add_argument("--dtype", default="float32")
+    pg.add_argument("--features", default=None, help="comma-separated in/out feature choices (default: 14 sizes)")
+    pg.add_argument("--batch-max", type=int, default=256)
+    pg.add_argument("--seq-min", type=int, default=64)
+    pg.add_argument("--seq-max", type=int, default=8192)
+    pg.add_argument("--seq-step", type=int, default=64, help="1 gives PM2Lat's full 400M-row grid")
+    pg.set_defaults(fn=cmd_predict_grid)
     ld = sub.add_parser("load", help="load a `python -m pipeline.runner` output directory into DuckDB")
     ld.add_argument("dir")
     ld.set_defaults(fn=cmd_load)

@@ -9,12 +9,16 @@ from __future__ import annotations
 import numpy as np
 
 
+def _ceil_div(a, b: int):
+    return -(-np.asarray(a, dtype=np.int64) // b)  # integer ceiling: exact, and faster than float ceil
+
+
 def blocks(m, n, batch, tile_m: int, tile_n: int):
-    return np.ceil(np.asarray(m) / tile_m) * np.ceil(np.asarray(n) / tile_n) * np.asarray(batch)
+    return _ceil_div(m, tile_m) * _ceil_div(n, tile_n) * np.asarray(batch, dtype=np.int64)
 
 
 def waves(m, n, batch, tile_m: int, tile_n: int, slots: int):
-    return np.ceil(blocks(m, n, batch, tile_m, tile_n) / slots)
+    return _ceil_div(blocks(m, n, batch, tile_m, tile_n), slots)
 
 
 def near_square(tiles: int) -> tuple[int, int]:

@@ -61,7 +61,7 @@ def write_grid(con, gemm, device: str, grid: LayerGrid, op: str = "linear", dtyp
     """
     import pyarrow as pa
 
-    gemm.table(op, dtype)  # fail before writing anything if the model lacks this op/dtype
+    gemm.check(op, dtype)  # fail before writing anything if the model lacks this op/dtype
     schema = pa.schema([(c, pa.int64()) for c in ("in_features", "out_features", "batch", "seq")]
                        + [("predicted_us", pa.float64())])
     start, done, last = time.perf_counter(), 0, time.perf_counter()

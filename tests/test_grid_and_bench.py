@@ -48,7 +48,7 @@ def test_write_grid_replaces_rows_atomically(model, tmp_path):
         assert us == pytest.approx(float(model.predict("mm", "float32", b * s, fout, fin)))
 
     class Failing:
-        def table(self, op, dtype):
+        def check(self, op, dtype):
             return None
 
         def predict(self, *a):

@@ -16,6 +16,7 @@ import numpy as np
 from pipeline.dtypes import check_dtype
 from pipeline.errors import BadShapeError, MissingModelError
 from pipeline.predict.geometry import waves as count_waves
+from pipeline.predict.selector import KernelSelector
 from pipeline.workloads.ops import GEMM_OPS
 
 
@@ -68,6 +69,44 @@ def _position(grid: np.ndarray, x) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 def fill_capped(thr: np.ndarray, ks: np.ndarray) -> np.ndarray:
+    """Fill the cells of a kernel's (waves x K) table that were not measured: large-K cells
+    the sweep's FLOP cap skipped, and cells where another kernel ran instead.
+
+    Latency grows linearly in K at fixed waves (PM2Lat Fig. 3), so a missing cell is this
+    row's nearest measured time per wave plus the change the next smaller wave row shows
+    between the two K: fixed costs measured in this row (on the CPU, page faults of a fresh
+    output buffer) are kept once, not scaled with K. Time never falls as K grows.
+    """
+    out = thr.copy()
+    for i, row in enumerate(out):
+        have = ~np.isnan(row)
+        if have.all():
+            continue
+        if not have.any():
+            raise ValueError(f"wave row {i} has no measured K at all")
+        if i == 0:  # nothing below to borrow from: hold the nearest measured throughput
+            row[~have] = np.interp(np.flatnonzero(~have), np.flatnonzero(have), row[have])
+            continue
+        measured, miss = np.flatnonzero(have), np.flatnonzero(~have)
+        j = measured[np.abs(measured[None, :] - miss[:, None]).argmin(axis=1)]  # nearest measured K
+        per_wave = ks / out[i - 1]  # time per wave, up to a constant factor that cancels
+        mine = ks[j] / row[j]
+        floor = np.where(miss > j, mine, mine * ks[miss] / ks[j])
+        row[miss] = ks[miss] / np.maximum(mine + per_wave[miss] - per_wave[j], floor)
+    return out
+
+
+def _position(grid: np.ndarray, x) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """For each x: the grid cell below it, the fraction across the cell, and the cell above.
+
+    np.interp onto the index axis does the search and clamps to the grid's ends in C.
+    """
+    pos = np.interp(x, grid, np.arange(grid.size, dtype=float))
+    i = np.minimum(pos.astype(np.int64), max(grid.size - 2, 0))
+    return i, pos - i, np.minimum(i + 1, grid.size - 1)
+
+
+def fill_capped(thr: np.ndarray, ks: np.ndarray) -> np.ndarray:
     """Fill the large-K cells a sweep skipped (its FLOP cap per point) on the largest wave rows.
 
     Latency grows linearly in K at fixed waves (PM2Lat Fig. 3), so a missing cell is this
@@ -96,10 +135,12 @@ CHUNK = 1 << 15
 
 
 class GemmModel:
+    """Tables per (op, dtype, kernel) and the selector that says which kernel runs a shape."""
+
     name = "gemm_model"
 
-    def __init__(self, tables: dict[tuple[str, str], GemmTable]):
-        self.tables = tables
+    def __init__(self, tables: dict[tuple[str, str, str], GemmTable], selector: KernelSelector):
+        self.tables, self.selector = tables, selector
 
     @staticmethod
     def fit(samples) -> "GemmModel":
@@ -107,46 +148,72 @@ class GemmModel:
         if bool(samples["held_out"].any()):
             raise ValueError("GemmModel.fit got held-out rows; fit on training rows only")
         tables = {}
-        for (op, dtype), g in samples.groupby(["op", "dtype"]):
+        for (op, dtype, kernel), g in samples.groupby(["op", "dtype", "kernel"]):
             tm, tn = (int(g[c].mode().iloc[0]) for c in ("tile_m", "tile_n"))
             slots = int(g["slots"].iloc[0])
             g = g.assign(thr=2.0 * g["waves"] * slots * tm * tn * g["k"] / g["median_us"])
             grid = g.pivot_table(index="waves", columns="k", values="thr", aggfunc="median").sort_index()
             grid = grid.sort_index(axis=1)
-            kernel = g["kernel"].mode().iloc[0]
-            tables[(op, dtype)] = GemmTable(op, dtype, str(kernel), tm, tn, slots, grid.index.to_numpy(float),
-                                            grid.columns.to_numpy(float),
-                                            fill_capped(grid.to_numpy(float), grid.columns.to_numpy(float)))
-        return GemmModel(tables)
+            ks = grid.columns.to_numpy(float)
+            tables[(op, dtype, str(kernel))] = GemmTable(op, dtype, str(kernel), tm, tn, slots,
+                                                         grid.index.to_numpy(float), ks,
+                                                         fill_capped(grid.to_numpy(float), ks))
+        return GemmModel(tables, KernelSelector.fit(samples))
 
-    def table(self, op: str, dtype: str) -> GemmTable:
+    def check(self, op: str, dtype: str) -> None:
         check_dtype(dtype)
         if op not in GEMM_OPS:
             raise BadShapeError(f"unknown GEMM op {op!r}; expected one of {GEMM_OPS}")
-        if (op, dtype) not in self.tables:
-            raise MissingModelError(f"no GEMM calibration for op={op!r} dtype={dtype!r}; have {sorted(self.tables)}")
-        return self.tables[(op, dtype)]
+        if (op, dtype) not in self.selector.trees:
+            have = sorted({(o, d) for o, d, _ in self.tables})
+            raise MissingModelError(f"no GEMM calibration for op={op!r} dtype={dtype!r}; have {have}")
 
-    def predict(self, op: str, dtype: str, m, n, k, batch=1) -> np.ndarray:
-        """Predicted microseconds for arrays (or scalars) of m, n, k, batch."""
+    def kernels(self, op: str, dtype: str) -> list[str]:
+        self.check(op, dtype)
+        return self.selector.kernels(op, dtype)
+
+    def table(self, op: str, dtype: str, kernel: str | None = None) -> GemmTable:
+        """The table of `kernel`, or of the only kernel the sweep saw for (op, dtype)."""
+        names = self.kernels(op, dtype)
+        if kernel is None and len(names) == 1:
+            kernel = names[0]
+        if (op, dtype, kernel) not in self.tables:
+            raise MissingModelError(f"no table for kernel {kernel!r} of op={op!r} dtype={dtype!r}; have {names}")
+        return self.tables[(op, dtype, kernel)]
+
+    def predict(self, op: str, dtype: str, m, n, k, batch=1, kernel: str | None = None) -> np.ndarray:
+        """Predicted microseconds for arrays (or scalars) of m, n, k, batch; the kernel is the
+        selector's choice per shape unless one is named."""
         arrs = np.broadcast_arrays(*(np.asarray(x) for x in (m, n, k, batch)))
         for name, a in zip(("m", "n", "k", "batch"), arrs):
             if a.size and (a <= 0).any():
                 raise BadShapeError(f"dimension {name} must be positive; got {a[a <= 0].ravel()[0]}")
-        table = self.table(op, dtype)
-        if arrs[0].size <= CHUNK:
-            return table.predict_us(*arrs)
-        # Chunks small enough that every temporary stays in cache: ~3x faster on 10M shapes.
+        if kernel is not None:
+            tables = [self.table(op, dtype, kernel)]
+        else:
+            tables = [self.table(op, dtype, name) for name in self.kernels(op, dtype)]
         flat = [a.ravel() for a in arrs]
         out = np.empty(flat[0].size)
+        # Chunks small enough that every temporary stays in cache: ~3x faster on 10M shapes.
         for lo in range(0, out.size, CHUNK):
-            out[lo:lo + CHUNK] = table.predict_us(*(a[lo:lo + CHUNK] for a in flat))
+            out[lo:lo + CHUNK] = self._predict_chunk(op, dtype, tables, [a[lo:lo + CHUNK] for a in flat])
         return out.reshape(arrs[0].shape)
 
+    def _predict_chunk(self, op, dtype, tables, arrs) -> np.ndarray:
+        if len(tables) == 1:
+            return tables[0].predict_us(*arrs)
+        which = self.selector.predict_index(op, dtype, *arrs)
+        out = np.empty(arrs[0].size)
+        for i in np.unique(which):
+            sel = which == i
+            out[sel] = tables[i].predict_us(*(a[sel] for a in arrs))
+        return out
+
     def to_dict(self) -> dict:
-        return {"kind": "gemm_model", "tables": [t.to_dict() for t in self.tables.values()]}
+        return {"kind": "gemm_model", "tables": [t.to_dict() for t in self.tables.values()],
+                "selector": self.selector.to_dict()}
 
     @staticmethod
     def from_dict(d: dict) -> "GemmModel":
         tables = [GemmTable.from_dict(t) for t in d["tables"]]
-        return GemmModel({(t.op, t.dtype): t for t in tables})
+        return GemmModel({(t.op, t.dtype, t.kernel): t for t in tables}, KernelSelector.from_dict(d["selector"]))

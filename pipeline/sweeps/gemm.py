@@ -14,6 +14,7 @@ from pipeline.dtypes import dtypes_for, torch_dtype
 from pipeline.harness.progress import Progress
 from pipeline.harness.timer import measure
 from pipeline.predict.geometry import blocks, waves, whole_wave_shape
+from pipeline.sweeps.cpu_kernels import cpu_kernel_name
 from pipeline.sweeps.profiles import Profile, wave_counts
 from pipeline.workloads.ops import GEMM_OPS
 
@@ -98,9 +99,9 @@ def _gemm_callable(op: str, dtype: str, b: int, m: int, n: int, k: int, device: 
 
 
 def _kernel_name(fn, dev: DeviceIdentity, op: str, dtype: str) -> str:
-    """The GEMM kernel that ran: the profiler's name on CUDA; one fixed BLAS path per op/dtype on the CPU."""
+    """The GEMM kernel that ran: the profiler's kernel name on CUDA, oneDNN's trace on the CPU."""
     if dev.kind != "cuda":
-        return f"cpu-blas-{op}-{dtype}"
+        return cpu_kernel_name(fn)
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CUDA]) as prof:

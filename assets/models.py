@@ -4,7 +4,6 @@ Each fit uses training rows only, is scored on the held-out random shapes, saved
 model store, logged to MLflow, and blocked by a check when its held-out error is too high.
 """
 
-import pandas as pd
 
 import dagster as dg
 from assets.common import data_hash, image_md, md_table, save_plot
@@ -63,7 +62,7 @@ def _fit(context, warehouse, tracking, store, name: str, table: str, fit, predic
                   "predicted_vs_measured": image_md(png, "Held-out shapes: predicted vs measured")},
         check_results=[dg.AssetCheckResult(
             check_name="heldout_error", passed=passed,
-            metadata={"worst_median": f"{worst.op} {worst.dtype}: {worst.median_rel_err:.1%}",
+            metadata={"worst_median": f"{worst['op']} {worst['dtype']}: {worst['median_rel_err']:.1%}",
                       "overall_mean": float(overall["mean_rel_err"]), "max_median_allowed": max_heldout_err(),
                       "max_mean_allowed": max_heldout_mean_err()})])
 
@@ -84,11 +83,3 @@ def utility_model(context: dg.AssetExecutionContext, warehouse: DuckDBWarehouse,
     """Per (op, dtype): latency = non-negative linear function of bytes moved, flops and rows."""
     return _fit(context, warehouse, tracking, model_store, "utility_model", "utility_samples", UtilityModel.fit,
                 utility_predictions)
-
-
-def heldout_errors(warehouse: DuckDBWarehouse, store: ModelStore, device: str) -> pd.DataFrame:
-    """Both models' held-out predictions, for the accuracy report."""
-    g = gemm_predictions(store.load(device, "gemm_model"), warehouse.device_rows("gemm_samples", device, "held_out"))
-    u = utility_predictions(store.load(device, "utility_model"),
-                            warehouse.device_rows("utility_samples", device, "held_out"))
-    return pd.concat([g, u], ignore_index=True)

@@ -1,6 +1,8 @@
 """The Dagster code location: assets, checks, resources, jobs, schedules and sensors."""
 import dagster as dg
 
+from assets.attention import attention_model, attention_samples
+from assets.evaluation import mlp_baselines, model_evaluation
 from assets.models import gemm_model, utility_model
 from assets.predictions import accuracy_report, transformer_predictions
 from assets.samples import device_spec, gemm_samples, utility_samples, workload_runs
@@ -13,8 +15,8 @@ from resources.tracking import MLflowTracking
 from resources.warehouse import DuckDBWarehouse
 
 defs = dg.Definitions(
-    assets=[device_spec, gemm_samples, utility_samples, workload_runs, gemm_model, utility_model,
-            transformer_predictions, accuracy_report],
+    assets=[device_spec, gemm_samples, utility_samples, attention_samples, workload_runs, gemm_model, utility_model,
+            attention_model, mlp_baselines, model_evaluation, transformer_predictions, accuracy_report],
     resources={"warehouse": DuckDBWarehouse(), "tracking": MLflowTracking(), "device_runner": DeviceRunner(),
                "model_store": ModelStore()},
     jobs=[characterize_device, recalibrate],

@@ -73,3 +73,49 @@ def latency_vs_bytes(samples) -> bytes:
         _label(ax, op, "bytes moved", "us")
         ax.legend(fontsize=6)
     return _png(plt, fig, axes, len(groups))
+
+
+def attention_throughput_vs_seq(train) -> bytes:
+    """Fused attention: throughput vs seq (q = kv) at the smallest batch, one panel per (backend, dtype),
+    one line per (head_dim, causal)."""
+    groups = list(train.groupby(["backend", "dtype"]))
+    plt, fig, axes = _fig(len(groups))
+    for ax, ((backend, dtype), g) in zip(axes, groups):
+        g = g[g["batch"] == g["batch"].min()]
+        for (hd, causal), gl in g.groupby(["head_dim", "causal"]):
+            gl = gl.sort_values("seq_q")
+            ax.plot(gl["seq_q"], gl["flops"] / gl["median_us"] / 1e6, marker="o", ms=3,
+                    ls="--" if causal else "-", label=f"d={hd}{' causal' if causal else ''}")
+        _label(ax, f"{backend} {dtype} (bh={int(g['batch'].min() * g['heads'].min())})", "seq", "TFLOP/s",
+               loglog=False)
+        ax.set_xscale("log", base=2)
+        ax.legend(fontsize=6)
+    return _png(plt, fig, axes, len(groups))
+
+
+def worst_per_bin_plot(worst) -> bytes:
+    """PM2Lat Fig. 5: one panel per dtype, the max relative error of each model per FLOP bin."""
+    groups = list(worst.groupby("dtype"))
+    plt, fig, axes = _fig(len(groups))
+    for ax, (dtype, g) in zip(axes, groups):
+        for model, gm in g.groupby("model"):
+            ax.plot(gm["bin_flops"], gm["abs_err"] * 100, marker=".", ms=3, lw=0.8, label=model)
+        _label(ax, f"GEMM {dtype}", "FLOPs (bin start)", "max relative error (%)")
+        ax.legend(fontsize=6)
+    return _png(plt, fig, axes, len(groups))
+
+
+def error_distribution_plot(dist) -> bytes:
+    """PM2Lat Figs. 6-9: share of predictions per 5 %-wide error bin (the last bin is >= 95 %)."""
+    groups = list(dist.groupby("dtype"))
+    plt, fig, axes = _fig(len(groups))
+    for ax, (dtype, g) in zip(axes, groups):
+        models = sorted(g["model"].unique())
+        width = 0.8 / len(models)
+        for i, model in enumerate(models):
+            gm = g[g["model"] == model]
+            ax.bar(gm["err_bin"] * 5 + (i - len(models) / 2) * width * 5, gm["share"] * 100, width=width * 5,
+                   label=model, align="edge")
+        _label(ax, f"GEMM {dtype}", "relative error (%, 5 % bins)", "share of predictions (%)", loglog=False)
+        ax.legend(fontsize=6)
+    return _png(plt, fig, axes, len(groups))

@@ -24,12 +24,17 @@ def render_summary(warehouse, device: str) -> str:
                               ("float32", "tf32", "bfloat16", "float16") if _present(r.get(f"peak_flops_{dt}")))
             lines.append(f"measured peaks: {peaks}; copy bandwidth {r['bandwidth_gbps']:.1f} GB/s")
     if warehouse.has_table("model_errors"):
-        e = warehouse.query("SELECT layer_type, dtype, n, mean_rel_err, max_rel_err FROM model_errors "
-                            "WHERE device = ? AND model = 'devchar' ORDER BY dtype, layer_type", [device])
+        e = warehouse.query("SELECT model, layer_type, dtype, n, mean_rel_err, max_rel_err FROM model_errors "
+                            "WHERE device = ? ORDER BY dtype, layer_type", [device])
         if not e.empty:
             lines.append("\n-- held-out error per layer type (PM2Lat Table II analog; shapes never fitted) --")
-            lines.append(e.to_string(index=False, formatters={"mean_rel_err": "{:.1%}".format,
-                                                              "max_rel_err": "{:.1%}".format}))
+            own = e[e["model"] == "devchar"].drop(columns="model")
+            lines.append(own.to_string(index=False, formatters={"mean_rel_err": "{:.1%}".format,
+                                                                "max_rel_err": "{:.1%}".format}))
+            if e["model"].nunique() > 1:
+                lines.append("\n-- mean relative error, devchar beside the baselines --")
+                pivot = e.pivot_table(index=["layer_type", "dtype"], columns="model", values="mean_rel_err")
+                lines.append(pivot.map(lambda v: "-" if v != v else f"{v:.1%}").to_string())
     if warehouse.has_table("predictions"):
         p = warehouse.query("SELECT config, batch, seq, predictor, predicted_ms, measured_ms, rel_err FROM predictions "
                             "WHERE device = ? ORDER BY config, batch, seq", [device])

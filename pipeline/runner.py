@@ -19,6 +19,7 @@ SWEEPS = {  # sweep name -> table it fills
     "device": "devices",
     "gemm": "gemm_samples",
     "utility": "utility_samples",
+    "attention": "attention_samples",
     "workloads": "workload_runs",
 }
 
@@ -54,6 +55,10 @@ def run_sweep(sweep: str, device: str = "auto", profile: str = "quick", run_id: 
         from pipeline.sweeps.utility import sweep_utility
 
         rows = sweep_utility(dev, prof, log)
+    elif sweep == "attention":
+        from pipeline.sweeps.attention import sweep_attention
+
+        rows = sweep_attention(dev, prof, log)
     else:
         from pipeline.sweeps.workload_runs import sweep_workloads
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import pandas as pd
 
+from pipeline.predict.attention import AttentionModel
 from pipeline.predict.gemm import GemmModel
 from pipeline.predict.metrics import rel_err, summarize
 from pipeline.predict.utility import UtilityModel
@@ -29,6 +30,16 @@ def utility_predictions(model: UtilityModel, samples: pd.DataFrame) -> pd.DataFr
     for (op, dtype), g in samples.groupby(["op", "dtype"]):
         out.append(g.assign(predicted_us=model.predict(op, dtype, g["rows"].to_numpy(), g["cols"].to_numpy())))
     return _with_err(pd.concat(out))
+
+
+def attention_predictions(model: AttentionModel, samples: pd.DataFrame) -> pd.DataFrame:
+    """Held-out attention rows with predicted_us; op = the SDPA backend, layer type "Attention" (PM2Lat Table VI)."""
+    out = []
+    for (backend, dtype), g in samples.groupby(["backend", "dtype"]):
+        out.append(g.assign(predicted_us=model.predict(backend, dtype, *(g[c].to_numpy() for c in (
+            "batch", "heads", "seq_q", "seq_kv", "head_dim", "causal")))))
+    df = pd.concat(out).assign(op=lambda d: d["backend"])
+    return df.assign(rel_err=rel_err(df["predicted_us"], df["median_us"]), layer_type="Attention")
 
 
 def _with_err(df: pd.DataFrame) -> pd.DataFrame:

@@ -13,10 +13,15 @@ import time
 from pathlib import Path
 
 from pipeline.errors import MissingModelError
+from pipeline.predict.attention import AttentionModel
+from pipeline.predict.baselines import BASELINES as BASELINE_CLASSES
 from pipeline.predict.gemm import GemmModel
 from pipeline.predict.utility import UtilityModel
 
-LOADERS = {"gemm_model": GemmModel.from_dict, "utility_model": UtilityModel.from_dict}
+LOADERS = {"gemm_model": GemmModel.from_dict, "utility_model": UtilityModel.from_dict,
+           "attention_model": AttentionModel.from_dict,
+           **{name: cls.from_dict for name, cls in BASELINE_CLASSES.items()}}
+BASELINES = tuple(BASELINE_CLASSES)  # the comparison models mlp_baselines fits
 
 
 def new_version(data_hash: str) -> str:

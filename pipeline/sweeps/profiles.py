@@ -27,25 +27,38 @@ class Profile:
     workload_seqs: tuple[int, ...]
     workload_warmup: int = 5
     workload_reps: int = 25
+    # attention_samples: seq (q = kv) in powers of two from 32, batch in powers of the step (8 heads)
+    attention_max_seq: int = 256
+    attention_max_batch: int = 4
+    attention_batch_step: int = 2
+    attention_max_point_flops: float = 1e8  # larger (batch, seq) points are skipped and filled at fit time
+    attention_heldout: int = 12  # random shapes per (backend, dtype), never used for fitting
+    attention_timing: TimingSpec = TimingSpec(warmup_s=0.005, budget_s=0.02, min_reps=3, max_reps=50, min_block_s=2e-4)
 
 
-POW2_K = tuple(2**i for i in range(5, 14))  # 32 ... 8192
+POW2_K = tuple(2**i for i in range(5, 14))  # 32 ... 8192, PM2Lat's grid
+# The CPU also measures K = 1 ... 16: skinny GEMMs are common there, and on bfloat16 they are
+# where ATen's own kernel takes over from oneDNN's (a second kernel with its own table).
+CPU_K = tuple(2**i for i in range(0, 5)) + POW2_K
 
 _CPU_TIMING = TimingSpec(warmup_s=0.01, budget_s=0.04, min_reps=5, max_reps=100, min_block_s=2e-4)
 
 PROFILES = {
     "tiny": Profile(
-        name="tiny", k_values=(32, 128, 512), wave_step=4, max_gemm_outputs=1 << 12, max_point_flops=1e12,
+        name="tiny", k_values=(4, 32, 128, 512), wave_step=4, max_gemm_outputs=1 << 12, max_point_flops=1e12,
         heldout_per_op=4, heldout_max_mn=256, heldout_max_k=512, heldout_max_bmm=64, utility_max_elems=1 << 16,
         utility_heldout_per_op=2, gemm_timing=TimingSpec(warmup_s=0.0, budget_s=0.005, min_reps=3, max_reps=20),
         utility_timing=TimingSpec(warmup_s=0.0, budget_s=0.005, min_reps=3, max_reps=20),
         workload_configs="tiny", workload_batches=(1, 2), workload_seqs=(16,), workload_warmup=1, workload_reps=3,
+        attention_max_seq=64, attention_max_batch=2, attention_max_point_flops=1e7, attention_heldout=2,
+        attention_timing=TimingSpec(warmup_s=0.0, budget_s=0.002, min_reps=3, max_reps=10),
     ),
     "quick": Profile(
-        name="quick", k_values=POW2_K, wave_step=4, max_gemm_outputs=1 << 25, max_point_flops=4e9,
+        name="quick", k_values=CPU_K, wave_step=4, max_gemm_outputs=1 << 25, max_point_flops=4e9,
         heldout_per_op=40, heldout_max_mn=2048, heldout_max_k=2048, heldout_max_bmm=512, utility_max_elems=1 << 22,
         utility_heldout_per_op=12, gemm_timing=_CPU_TIMING, utility_timing=_CPU_TIMING,
         workload_configs="quick", workload_batches=(1, 4, 8), workload_seqs=(128,),
+        attention_max_seq=256, attention_max_batch=4, attention_max_point_flops=1e8, attention_heldout=12,
     ),
     # PM2Lat's protocol and evaluation ranges: >= 25 runs and ~500 ms per point; 1000 held-out shapes.
     "full": Profile(
@@ -55,6 +68,8 @@ PROFILES = {
         gemm_timing=TimingSpec(warmup_s=0.1, budget_s=0.5, min_reps=25, max_reps=10000, flush_l2=True),
         utility_timing=TimingSpec(warmup_s=0.05, budget_s=0.2, min_reps=25, max_reps=10000, flush_l2=True),
         workload_configs="full", workload_batches=(1, 4, 8), workload_seqs=(128, 512),
+        attention_max_seq=8192, attention_max_batch=64, attention_max_point_flops=1e15, attention_heldout=200,
+        attention_timing=TimingSpec(warmup_s=0.05, budget_s=0.2, min_reps=25, max_reps=10000, flush_l2=True),
     ),
 }
 
@@ -70,10 +85,13 @@ def wave_counts(profile: Profile, slots: int, tile_m: int, tile_n: int) -> list[
 # A GPU runs the same profile names with GPU-sized grids: whole waves of 132 SMs x 128^2
 # tiles are large, and kernels are microseconds, so time budgets and repetitions go up.
 _GPU_TIMING = TimingSpec(warmup_s=0.02, budget_s=0.1, min_reps=25, max_reps=2000, flush_l2=True)
+_GPU_ATTENTION_TIMING = replace(_GPU_TIMING, warmup_s=0.01, budget_s=0.05)
 CUDA_OVERRIDES = {
-    "quick": dict(wave_step=2, max_gemm_outputs=1 << 27, max_point_flops=2e12, heldout_max_mn=8192,
+    "quick": dict(k_values=POW2_K, wave_step=2, max_gemm_outputs=1 << 27, max_point_flops=2e12, heldout_max_mn=8192,
                   heldout_max_k=2000, heldout_max_bmm=1024, utility_max_elems=1 << 26, gemm_timing=_GPU_TIMING,
-                  utility_timing=_GPU_TIMING, workload_configs="full"),
+                  utility_timing=_GPU_TIMING, workload_configs="full",
+                  attention_max_seq=8192, attention_max_batch=64, attention_batch_step=4,
+                  attention_max_point_flops=2e12, attention_heldout=40, attention_timing=_GPU_ATTENTION_TIMING),
 }
 
 

@@ -1,0 +1,92 @@
+"""Baselines and the comparison against them: mlp_baselines and model_evaluation.
+
+model_evaluation is the PM2Lat Table II analog: devchar and each baseline on the same
+held-out shapes, per layer type x dtype, into `model_errors`; plus the worst case per bin
+(Fig. 5), the error distribution (Figs. 6-9), kernel-selection accuracy and prediction speed.
+"""
+import time
+
+import pandas as pd
+
+import dagster as dg
+from assets.attention import attention_model
+from assets.common import data_hash, image_md, md_table, save_plot
+from assets.models import gemm_model, utility_model
+from assets.samples import gemm_samples, utility_samples
+from pipeline.bench import bench_predict
+from pipeline.partitions import devices
+from pipeline.plots import error_distribution_plot, worst_per_bin_plot
+from pipeline.predict.baselines import BASELINES
+from pipeline.predict.compare import DevcharPair, error_distribution, held_out_predictions, table_ii, worst_per_bin
+from pipeline.predict.evaluate import attention_predictions
+from pipeline.predict.selector import selection_accuracy
+from pipeline.predict.store import new_version
+from resources.devices import DeviceRunner
+from resources.model_store import ModelStore
+from resources.tracking import MLflowTracking
+from resources.warehouse import DuckDBWarehouse
+
+
+def _held(warehouse: DuckDBWarehouse, device: str) -> tuple[pd.DataFrame, pd.DataFrame]:
+    return (warehouse.device_rows("gemm_samples", device, "held_out"),
+            warehouse.device_rows("utility_samples", device, "held_out"))
+
+
+@dg.asset(partitions_def=devices, group_name="fit", kinds={"scikitlearn", "mlflow"},
+          deps=[gemm_samples, utility_samples])
+def mlp_baselines(context: dg.AssetExecutionContext, warehouse: DuckDBWarehouse, tracking: MLflowTracking,
+                  model_store: ModelStore, device_runner: DeviceRunner) -> dg.MaterializeResult:
+    """Roofline, NeuSight-style MLP and Lin et al.'s grid-searched MLP, fitted on the same training rows."""
+    device = context.partition_key
+    gemm = warehouse.device_rows("gemm_samples", device, "NOT held_out")
+    util = warehouse.device_rows("utility_samples", device, "NOT held_out")
+    spec = warehouse.device_rows("devices", device).iloc[0].to_dict()
+    grid = "full" if device_runner.profile_name() == "full" else "reduced"
+    gheld, uheld = _held(warehouse, device)
+    dhash, version, summary = data_hash(gemm), None, []
+    for name, cls in BASELINES.items():
+        t0 = time.perf_counter()
+        model = cls.fit(gemm, util, spec, grid=grid, seed=0)
+        fit_s = time.perf_counter() - t0
+        errors = table_ii(held_out_predictions({name: model}, gheld, uheld))
+        version = new_version(dhash)
+        meta = {"device": device, "version": version, "data_hash": dhash, "grid": grid, "fit_s": fit_s,
+                "errors": errors.to_dict("records"), "run_id": context.run.run_id}
+        path = model_store.save(device, name, model, meta, version)
+        metrics = {"fit_s": fit_s, **{f"mre_{r.layer_type}_{r.dtype}": r.mean_rel_err for r in errors.itertuples()}}
+        tracking.log_fit(name, device, {"grid": grid, "version": version}, metrics, {"data_hash": dhash},
+                         [path / "model.json"])
+        summary.append({"model": name, "fit_s": fit_s, "mean_rel_err": float(errors["mean_rel_err"].mean())})
+    return dg.MaterializeResult(metadata={"grid": grid, "baselines": md_table(pd.DataFrame(summary))})
+
+
+@dg.asset(partitions_def=devices, group_name="evaluate", kinds={"numpy", "duckdb"},
+          deps=[gemm_model, utility_model, attention_model, mlp_baselines], automation_condition=dg.AutomationCondition.eager())
+def model_evaluation(context: dg.AssetExecutionContext, warehouse: DuckDBWarehouse,
+                     model_store: ModelStore) -> dg.MaterializeResult:
+    """devchar vs roofline / NeuSight MLP / Lin MLP on held-out shapes: Table II, Fig. 5, Figs. 6-9, speed."""
+    device = context.partition_key
+    gemm = model_store.load(device, "gemm_model")
+    models = {"devchar": DevcharPair(gemm, model_store.load(device, "utility_model"))}
+    models.update({name: model_store.load(device, name) for name in BASELINES})
+    gheld, uheld = _held(warehouse, device)
+    pred = held_out_predictions(models, gheld, uheld)
+    # Fused attention has no baseline here: devchar's own rows only (PM2Lat Table VI).
+    attn = attention_predictions(model_store.load(device, "attention_model"),
+                                 warehouse.device_rows("attention_samples", device, "held_out"))
+    pred = pd.concat([pred, attn.assign(model="devchar", domain=attn["flops"])[pred.columns]], ignore_index=True)
+    errors = table_ii(pred).assign(device=device, run_id=context.run.run_id[:12])
+    warehouse.replace_partition("model_errors", device, errors)
+    bins_png = worst_per_bin_plot(worst_per_bin(pred))
+    dist_png = error_distribution_plot(error_distribution(pred))
+    save_plot(bins_png, device, "worst_error_per_bin")
+    save_plot(dist_png, device, "error_distribution")
+    speed = bench_predict(gemm, {n: m for n, m in models.items() if n != "devchar"}, n_vector=2_000_000,
+                          n_loop=5_000, n_baseline=200_000, op="linear", dtype="float32")
+    pivot = errors.pivot_table(index=["layer_type", "dtype"], columns="model", values="mean_rel_err").reset_index()
+    return dg.MaterializeResult(metadata={
+        "table_ii_mean_rel_err": md_table(pivot),
+        "selection_accuracy": dg.MetadataValue.json(selection_accuracy(gemm.selector, gheld)),
+        "predictions_per_s": dg.MetadataValue.json({k: round(v) for k, v in speed.items()}),
+        "worst_error_per_bin": image_md(bins_png, "Max relative error per FLOP bin (PM2Lat Fig. 5)"),
+        "error_distribution": image_md(dist_png, "Relative-error distribution (PM2Lat Figs. 6-9)")})

@@ -1,0 +1,186 @@
+"""PM2Lat's interpolation applied to fused attention (IV-C, Table VI: Flash and Cutlass attention).
+
+Per (backend, dtype, head_dim, causal) kernel: throughput (FLOPs per microsecond) measured
+at seq (q = kv) in powers of two and at bh = batch x heads in powers of a step. A new
+shape's throughput is interpolated linearly in seq (as in K, eq. 2) and in log2(bh); a
+head_dim that was not measured is interpolated linearly between the two nearest measured
+head dims. Duration = FLOPs / throughput, FLOPs = 4 b h sq skv d (halved when causal).
+
+Beyond the largest seq or bh measured the throughput is held (time grows with the work);
+below the smallest the duration is held (latency-bound there). The grid has seq_q = seq_kv
+only: a shape with seq_q != seq_kv is looked up at the geometric mean sqrt(sq x skv), the
+square seq with the same score-matrix size (an approximation; decoding, seq_q = 1, is not
+calibrated). Prediction is vectorized numpy: no torch, no per-shape Python loop.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from pipeline.dtypes import check_dtype
+from pipeline.errors import BadShapeError, MissingModelError
+
+ATTENTION_BACKENDS = ("flash", "efficient", "cudnn", "math")  # torch SDPA backends, as attention_samples names them
+
+
+def attention_flops(batch, heads, seq_q, seq_kv, head_dim, causal) -> np.ndarray:
+    """QK^T and PV: 2 x 2 b h sq skv d FLOPs; half of them when causal."""
+    f = 4.0 * np.asarray(batch, float) * np.asarray(heads) * np.asarray(seq_q) * np.asarray(seq_kv)
+    f = f * np.asarray(head_dim)
+    return np.where(np.asarray(causal, bool), f / 2, f)
+
+
+def _bracket(grid: np.ndarray, x) -> tuple[np.ndarray, np.ndarray]:
+    """Index of the grid cell holding x and the fraction across it; clamped to the grid's ends."""
+    x = np.asarray(x, dtype=float)
+    if grid.size == 1:
+        return np.zeros(x.shape, dtype=int), np.zeros(x.shape)
+    x = np.clip(x, grid[0], grid[-1])
+    i = np.clip(np.searchsorted(grid, x, side="right") - 1, 0, grid.size - 2)
+    return i, (x - grid[i]) / (grid[i + 1] - grid[i])
+
+
+@dataclass
+class AttentionTable:
+    backend: str
+    dtype: str
+    head_dim: int
+    causal: bool
+    bh: np.ndarray  # (B,) batch x heads measured, ascending
+    seqs: np.ndarray  # (S,) seq (q = kv) measured, ascending
+    thr: np.ndarray  # (B, S) FLOPs per microsecond
+
+    def to_dict(self) -> dict:
+        d = self.__dict__.copy()
+        d.update(bh=self.bh.tolist(), seqs=self.seqs.tolist(), thr=self.thr.tolist())
+        return d
+
+    @staticmethod
+    def from_dict(d: dict) -> "AttentionTable":
+        return AttentionTable(**{**d, "head_dim": int(d["head_dim"]), "causal": bool(d["causal"]),
+                                 "bh": np.array(d["bh"], float), "seqs": np.array(d["seqs"], float),
+                                 "thr": np.array(d["thr"], float)})
+
+    def throughput(self, bh, seq) -> np.ndarray:
+        """Bilinear: linear in seq between the bracketing measured seqs, linear in log2(bh)."""
+        ib, fb = _bracket(np.log2(self.bh), np.log2(bh))
+        iss, fs = _bracket(self.seqs, seq)
+        t = self.thr
+        ib1, is1 = np.minimum(ib + 1, self.bh.size - 1), np.minimum(iss + 1, self.seqs.size - 1)
+        lo = t[ib, iss] * (1 - fs) + t[ib, is1] * fs
+        hi = t[ib1, iss] * (1 - fs) + t[ib1, is1] * fs
+        return lo * (1 - fb) + hi * fb
+
+
+def fill_missing(thr: np.ndarray) -> np.ndarray:
+    """Fill the (bh, seq) cells a sweep skipped (FLOP cap per point, or a backend without a kernel there).
+
+    Cells right of a row's last measured seq take that cell's throughput scaled by how the
+    row below (smaller bh, already whole) grows from there; other gaps are interpolated
+    along seq (held at the ends); a row with nothing measured copies the nearest row.
+    """
+    out = np.array(thr, dtype=float)
+    have_any = ~np.isnan(out).all(axis=1)
+    if not have_any.any():
+        raise ValueError("attention table has no measured cell at all")
+    rows = np.flatnonzero(have_any)
+    for i in np.flatnonzero(~have_any):
+        out[i] = out[rows[np.argmin(np.abs(rows - i))]]
+    for i, row in enumerate(out):
+        idx = np.flatnonzero(~np.isnan(row))
+        last = idx[-1]
+        if i > 0 and last + 1 < row.size:
+            below = out[i - 1]
+            row[last + 1:] = row[last] * below[last + 1:] / below[last]
+        miss = np.isnan(row)
+        if miss.any():
+            row[miss] = np.interp(np.flatnonzero(miss), idx, row[idx])
+    return out
+
+
+def _positive(**arrs: np.ndarray) -> None:
+    for name, a in arrs.items():
+        if a.size and (a <= 0).any():
+            raise BadShapeError(f"dimension {name} must be positive; got {a[a <= 0].ravel()[0]}")
+
+
+class AttentionModel:
+    name = "attention_model"
+
+    def __init__(self, tables: dict[tuple[str, str, int, bool], AttentionTable]):
+        self.tables = tables
+
+    @staticmethod
+    def fit(samples) -> "AttentionModel":
+        """samples: a DataFrame of attention_samples rows; held-out rows are refused, not silently used."""
+        if bool(samples["held_out"].any()):
+            raise ValueError("AttentionModel.fit got held-out rows; fit on training rows only")
+        if samples.empty:
+            raise ValueError("AttentionModel.fit got no rows")
+        g = samples.assign(bh=samples["batch"] * samples["heads"], seq=np.sqrt(samples["seq_q"] * samples["seq_kv"]),
+                           thr=samples["flops"] / samples["median_us"], causal=samples["causal"].astype(bool))
+        tables = {}
+        for (backend, dtype, hd, causal), t in g.groupby(["backend", "dtype", "head_dim", "causal"]):
+            grid = t.pivot_table(index="bh", columns="seq", values="thr", aggfunc="median").sort_index()
+            grid = grid.sort_index(axis=1)
+            key = (str(backend), str(dtype), int(hd), bool(causal))
+            tables[key] = AttentionTable(*key, grid.index.to_numpy(float), grid.columns.to_numpy(float),
+                                         fill_missing(grid.to_numpy(float)))
+        return AttentionModel(tables)
+
+    def head_dims(self, backend: str, dtype: str, causal: bool) -> list[int]:
+        """The head dims measured for this kernel, ascending; MissingModelError when there are none."""
+        dims = sorted(d for (b, dt, d, c) in self.tables if (b, dt, c) == (backend, dtype, bool(causal)))
+        if not dims:
+            raise MissingModelError(f"no attention calibration for backend={backend!r} dtype={dtype!r} "
+                                    f"causal={bool(causal)}")
+        return dims
+
+    def _check(self, backend: str, dtype: str) -> str:
+        check_dtype(dtype)
+        if backend not in ATTENTION_BACKENDS:
+            raise BadShapeError(f"unknown attention backend {backend!r}; expected one of {ATTENTION_BACKENDS}")
+        dtype = "float32" if dtype == "tf32" else dtype  # attention stores float32 either way
+        if not any(k[:2] == (backend, dtype) for k in self.tables):
+            have = sorted({k[:2] for k in self.tables})
+            raise MissingModelError(f"no attention calibration for backend={backend!r} dtype={dtype!r}; have {have}")
+        return dtype
+
+    def throughput(self, backend: str, dtype: str, causal: bool, head_dim, bh, seq) -> np.ndarray:
+        """FLOPs/us at (head_dim, bh, seq): the two nearest measured head dims' tables, linear between them."""
+        dims = self.head_dims(backend, dtype, causal)
+        per_dim = np.stack([self.tables[(backend, dtype, d, causal)].throughput(bh, seq) for d in dims])
+        i, f = _bracket(np.array(dims, float), head_dim)
+        cols = np.arange(per_dim.shape[1])
+        return per_dim[i, cols] * (1 - f) + per_dim[np.minimum(i + 1, len(dims) - 1), cols] * f
+
+    def predict(self, backend: str, dtype: str, batch, heads, seq_q, seq_kv, head_dim, causal=False) -> np.ndarray:
+        """Predicted microseconds for arrays (or scalars) of the shape; causal may be an array too."""
+        dtype = self._check(backend, dtype)
+        b, h, sq, skv, d, c = np.broadcast_arrays(*(np.asarray(x) for x in (batch, heads, seq_q, seq_kv, head_dim,
+                                                                            causal)))
+        _positive(batch=b, heads=h, seq_q=sq, seq_kv=skv, head_dim=d)
+        shape = b.shape
+        b, h, sq, skv, d, c = (a.ravel() for a in (b, h, sq, skv, d, c.astype(bool)))
+        bh, seq = b.astype(float) * h, np.sqrt(sq.astype(float) * skv)
+        flops = attention_flops(b, h, sq, skv, d, c)
+        out = np.empty(b.size)
+        for causal_flag in (False, True):
+            m = c == causal_flag
+            if not m.any():
+                continue
+            t0 = self.tables[(backend, dtype, self.head_dims(backend, dtype, causal_flag)[0], causal_flag)]
+            # Below the smallest bh or seq measured, hold the duration: price the work of the smallest cell.
+            bh_c, seq_c = np.maximum(bh[m], t0.bh[0]), np.maximum(seq[m], t0.seqs[0])
+            work = flops[m] * (bh_c / bh[m]) * (seq_c / seq[m]) ** 2
+            out[m] = work / self.throughput(backend, dtype, causal_flag, d[m], bh_c, seq_c)
+        return out.reshape(shape)
+
+    def to_dict(self) -> dict:
+        return {"kind": "attention_model", "tables": [t.to_dict() for t in self.tables.values()]}
+
+    @staticmethod
+    def from_dict(d: dict) -> "AttentionModel":
+        tables = [AttentionTable.from_dict(t) for t in d["tables"]]
+        return AttentionModel({(t.backend, t.dtype, t.head_dim, t.causal): t for t in tables})

@@ -1,0 +1,125 @@
+"""A small MLP the baselines share: trained with scikit-learn, saved and run as plain numpy.
+
+Training uses sklearn's MLPRegressor (relu hidden layers, identity output, MSE loss); its
+weights and our input/output standardisation are exported to plain lists, so a saved model
+predicts with one chain of matrix products and needs neither sklearn nor pickle.
+
+The grid search follows the DLRM paper's Table II (section III-B2): hidden layers, neurons
+per layer, optimizer (SGD's learning rate scaled by 10), learning rate; the configuration
+with the lowest error on a validation split carved from the *training* rows is kept and
+refitted on all training rows.
+"""
+from __future__ import annotations
+
+import itertools
+import warnings
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+# DLRM paper, Table II.
+FULL_GRID = {"layers": [3, 4, 5, 6, 7], "neurons": [128, 256, 512, 1024], "solver": ["adam", "sgd"],
+             "lr": [1e-4, 2e-4, 5e-4, 1e-3, 2e-3, 5e-3, 1e-2], "epochs": 200}
+# The CPU default: Table II's two smallest depths x two narrow widths x Adam x 2 learning rates,
+# 60 epochs: all 28 (op, dtype) groups of a quick CPU sweep fit in ~6-9 s per model on 2 cores.
+REDUCED_GRID = {"layers": [3, 4], "neurons": [32, 64], "solver": ["adam"], "lr": [2e-3, 1e-2], "epochs": 60}
+GRIDS = {"full": FULL_GRID, "reduced": REDUCED_GRID}
+
+
+@dataclass(frozen=True)
+class MLPConfig:
+    layers: int
+    neurons: int
+    solver: str
+    lr: float  # as listed in Table II; SGD trains with 10x this
+    epochs: int
+
+
+def configs(grid: str | dict) -> list[MLPConfig]:
+    if isinstance(grid, str) and grid not in GRIDS:
+        raise ValueError(f"unknown grid {grid!r}; expected one of {sorted(GRIDS)}")
+    g = GRIDS[grid] if isinstance(grid, str) else grid
+    return [MLPConfig(nl, nn, s, lr, int(g["epochs"]))
+            for nl, nn, s, lr in itertools.product(g["layers"], g["neurons"], g["solver"], g["lr"])]
+
+
+def _standardise(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    mean, std = a.mean(axis=0), a.std(axis=0)
+    return mean, np.where(std > 0, std, 1.0)
+
+
+def train(X: np.ndarray, y: np.ndarray, cfg: MLPConfig, seed: int = 0):
+    """Fit an MLPRegressor on standardised X and y; returns (regressor, params dict)."""
+    from sklearn.exceptions import ConvergenceWarning
+    from sklearn.neural_network import MLPRegressor
+
+    X, y = np.asarray(X, float), np.asarray(y, float)
+    x_mean, x_std = _standardise(X)
+    y_mean, y_std = _standardise(y[:, None])
+    reg = MLPRegressor(hidden_layer_sizes=(cfg.neurons,) * cfg.layers, activation="relu", solver=cfg.solver,
+                       learning_rate_init=cfg.lr * (10.0 if cfg.solver == "sgd" else 1.0), max_iter=cfg.epochs,
+                       batch_size=min(64, len(y)), random_state=seed, tol=1e-6, n_iter_no_change=15)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        warnings.simplefilter("ignore", RuntimeWarning)  # overflow in a diverging SGD run
+        reg.fit((X - x_mean) / x_std, (y - y_mean[0]) / y_std[0])
+    params = {"x_mean": x_mean.tolist(), "x_std": x_std.tolist(), "y_mean": float(y_mean[0]),
+              "y_std": float(y_std[0]), "coefs": [c.tolist() for c in reg.coefs_],
+              "intercepts": [b.tolist() for b in reg.intercepts_],
+              "config": {"layers": cfg.layers, "neurons": cfg.neurons, "solver": cfg.solver, "lr": cfg.lr,
+                         "epochs": cfg.epochs}}
+    return reg, params
+
+
+class Net:
+    """The numpy forward pass of exported params: relu hidden layers, identity output."""
+
+    def __init__(self, params: dict):
+        self.params = params
+        self.x_mean = np.array(params["x_mean"], float)
+        self.x_std = np.array(params["x_std"], float)
+        self.W = [np.array(w, float) for w in params["coefs"]]
+        self.b = [np.array(b, float) for b in params["intercepts"]]
+
+    def raw(self, X: np.ndarray) -> np.ndarray:
+        """Network output in standardised units (what sklearn's predict returns)."""
+        h = (np.asarray(X, float) - self.x_mean) / self.x_std
+        for W, b in zip(self.W[:-1], self.b[:-1]):
+            h = np.maximum(h @ W + b, 0.0)
+        return (h @ self.W[-1] + self.b[-1])[..., 0]
+
+    def __call__(self, X: np.ndarray) -> np.ndarray:
+        return self.raw(X) * self.params["y_std"] + self.params["y_mean"]
+
+
+def search(X: np.ndarray, y: np.ndarray, decode: Callable[[np.ndarray, np.ndarray], np.ndarray],
+           t_meas: np.ndarray, grid: str | dict = "reduced", seed: int = 0, val_frac: float = 0.2) -> dict:
+    """Grid search: train each configuration on a split of the training rows, score it by the mean
+    relative error of the decoded times on the rest, refit the best one on all rows.
+
+    decode(net_output, row_index) -> predicted microseconds for those rows.
+    """
+    X, y, t_meas = np.asarray(X, float), np.asarray(y, float), np.asarray(t_meas, float)
+    n = len(y)
+    if n < 2:
+        raise ValueError(f"need at least 2 training rows to fit an MLP; got {n}")
+    rng = np.random.default_rng(seed)
+    perm = rng.permutation(n)
+    n_val = max(1, int(round(val_frac * n))) if n >= 5 else 0
+    val, tr = perm[:n_val], perm[n_val:]
+    cands = configs(grid)
+    best, best_err = cands[0], np.inf
+    if len(cands) > 1 and n_val:
+        for cfg in cands:
+            try:
+                _, p = train(X[tr], y[tr], cfg, seed)
+            except ValueError:  # sklearn refuses non-finite weights from a diverging run
+                continue
+            with np.errstate(all="ignore"):
+                err = float(np.mean(np.abs(decode(Net(p)(X[val]), val) - t_meas[val]) / t_meas[val]))
+            if np.isfinite(err) and err < best_err:
+                best, best_err = cfg, err
+    _, params = train(X, y, best, seed)
+    params["val_rel_err"] = best_err if np.isfinite(best_err) else None
+    return params

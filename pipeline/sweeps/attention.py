@@ -1,0 +1,172 @@
+"""attention_samples: fused attention (torch SDPA), one row per (backend, dtype, shape).
+
+PM2Lat IV-C applies the GEMM interpolation to Flash and Cutlass attention: per kernel
+(here an SDPA backend) throughput is measured over a grid, seq (q = kv) in powers of two
+by batch x heads ("bh", heads fixed at 8 and batch in powers of the profile's step), for
+each head_dim and causal flag. Random held-out shapes (non-power-of-two seq, other head
+counts and head dims) are measured beside them and never used for fitting.
+
+A backend that has no kernel for a dtype or shape ("no available kernel" / "no viable
+backend") records nothing for it; nor does a point that runs out of device memory.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from pipeline.device.discover import DeviceIdentity
+from pipeline.dtypes import dtypes_for, torch_dtype
+from pipeline.harness.progress import Progress
+from pipeline.harness.timer import measure
+from pipeline.predict.attention import attention_flops
+from pipeline.sweeps.profiles import Profile
+
+# Table name (pipeline.predict.attention.ATTENTION_BACKENDS) -> torch.nn.attention.SDPBackend member.
+SDPA_BACKENDS = {"flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION", "cudnn": "CUDNN_ATTENTION",
+                 "math": "MATH"}
+BACKENDS = {"cpu": ("flash", "math"), "cuda": ("flash", "efficient", "cudnn", "math")}  # flash and math exist on CPUs
+HEADS = 8  # the grid varies batch only; bh = batch x HEADS
+MIN_SEQ = 32
+HEAD_DIMS = (32, 64, 128)
+HELDOUT_HEADS = (4, 8, 12, 16)
+HELDOUT_HEAD_DIMS = (32, 64, 80, 96, 128)  # 80 and 96 are interpolated between measured head dims
+# The math backend materializes the bh x seq_q x seq_kv score matrix (and its softmax):
+# larger points are skipped rather than risk an out-of-memory in the middle of a sweep.
+MATH_MAX_SCORE_BYTES = 1 << 31
+_NO_KERNEL = ("no available kernel", "no viable backend", "no execution plan")  # CUDA, CPU, cuDNN
+
+
+@dataclass(frozen=True)
+class AttentionPoint:
+    batch: int
+    heads: int
+    seq_q: int
+    seq_kv: int
+    head_dim: int
+    causal: bool
+    held_out: bool
+
+
+def seqs(profile: Profile) -> list[int]:
+    out, s = [], MIN_SEQ
+    while s <= max(profile.attention_max_seq, MIN_SEQ):
+        out.append(s)
+        s *= 2
+    return out
+
+
+def batches(profile: Profile) -> list[int]:
+    out, b = [], 1
+    while b <= profile.attention_max_batch:
+        out.append(b)
+        b *= profile.attention_batch_step
+    return out
+
+
+def _fits(p: AttentionPoint, profile: Profile) -> bool:
+    return float(attention_flops(p.batch, p.heads, p.seq_q, p.seq_kv, p.head_dim, p.causal)) <= \
+        profile.attention_max_point_flops
+
+
+def training_points(profile: Profile) -> list[AttentionPoint]:
+    pts = [AttentionPoint(b, HEADS, s, s, d, c, False) for d in HEAD_DIMS for c in (False, True)
+           for b in batches(profile) for s in seqs(profile)]
+    # The largest (bh, seq) corner over the FLOP cap is skipped and filled at fit time; the
+    # smallest batch is always measured at every seq so each (head_dim, causal) row is whole.
+    return [p for p in pts if p.batch == 1 or _fits(p, profile)]
+
+
+def heldout_points(profile: Profile, seed: int = 2) -> list[AttentionPoint]:
+    """Log-uniform bh and seq inside the grid's range (seq mostly not a power of two)."""
+    rng = np.random.default_rng(seed)
+    bh_max = HEADS * batches(profile)[-1]
+    lo, hi = np.log(MIN_SEQ), np.log(seqs(profile)[-1])
+    pts = []
+    for _ in range(1000 * max(profile.attention_heldout, 1)):
+        if len(pts) >= profile.attention_heldout:
+            break
+        heads = int(rng.choice(HELDOUT_HEADS))
+        bh = float(np.exp(rng.uniform(np.log(HEADS), np.log(bh_max))))
+        s = int(round(float(np.exp(rng.uniform(lo, hi)))))
+        p = AttentionPoint(max(1, round(bh / heads)), heads, s, s, int(rng.choice(HELDOUT_HEAD_DIMS)),
+                           bool(rng.integers(2)), True)
+        if _fits(p, profile):
+            pts.append(p)
+    return pts
+
+
+def _sdpa_callable(backend: str, dtype: str, p: AttentionPoint, device: str):
+    import torch
+    import torch.nn.functional as F
+
+    torch.manual_seed(0)
+    kw = dict(dtype=torch_dtype(dtype), device=device)
+    q = torch.randn(p.batch, p.heads, p.seq_q, p.head_dim, **kw)
+    k = torch.randn(p.batch, p.heads, p.seq_kv, p.head_dim, **kw)
+    v = torch.randn(p.batch, p.heads, p.seq_kv, p.head_dim, **kw)
+    return lambda: F.scaled_dot_product_attention(q, k, v, is_causal=p.causal)
+
+
+def _only(backend: str):
+    """A context in which SDPA may use this backend only (entered once per point, outside the timed calls)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel(getattr(SDPBackend, SDPA_BACKENDS[backend]))
+
+
+def _measure(backend: str, fn, dev: DeviceIdentity, profile: Profile):
+    """The harness's measurement with only this backend enabled; None when it has no kernel for this
+    dtype/shape (the first warm-up call raises) or the point runs out of device memory."""
+    import torch
+
+    try:
+        with _only(backend):
+            return measure(fn, profile.attention_timing, dev.torch_device, dev.l2_bytes or 0)
+    except torch.OutOfMemoryError:
+        torch.cuda.empty_cache()
+        return None
+    except RuntimeError as exc:
+        if any(s in str(exc).lower() for s in _NO_KERNEL):
+            return None
+        raise
+
+
+def _supported(backend: str, p: AttentionPoint) -> bool:
+    if backend == "math":
+        return 4 * p.batch * p.heads * p.seq_q * p.seq_kv <= MATH_MAX_SCORE_BYTES  # float32 scores, to be safe
+    return True
+
+
+def sweep_attention(dev: DeviceIdentity, profile: Profile, log=None) -> list[dict]:
+    import warnings
+
+    import torch
+
+    if dev.kind == "cuda":  # float32 means float32 math here, whatever a GEMM sweep before left set
+        torch.backends.cuda.matmul.allow_tf32 = False
+    pts = training_points(profile) + heldout_points(profile)
+    combos = [(be, dt) for be in BACKENDS[dev.kind] for dt in dtypes_for(dev.kind) if dt != "tf32"]
+    prog = Progress("attention_samples", len(pts) * len(combos), log)
+    rows, skipped = [], 0
+    with warnings.catch_warnings():  # SDPA warns for every shape a backend rejects; the skip count says it once
+        warnings.simplefilter("ignore", UserWarning)
+        for backend, dtype in combos:
+            for p in pts:
+                meas = None
+                if _supported(backend, p):
+                    meas = _measure(backend, _sdpa_callable(backend, dtype, p, dev.torch_device), dev, profile)
+                if meas is None:
+                    skipped += 1
+                    prog.step(f"{backend} {dtype}: skipped")
+                    continue
+                rows.append({
+                    "backend": backend, "dtype": dtype, "batch": p.batch, "heads": p.heads, "seq_q": p.seq_q,
+                    "seq_kv": p.seq_kv, "head_dim": p.head_dim, "causal": p.causal,
+                    "flops": float(attention_flops(p.batch, p.heads, p.seq_q, p.seq_kv, p.head_dim, p.causal)),
+                    "held_out": p.held_out, **meas.row(profile.attention_timing.cv_threshold),
+                })
+                prog.step(f"{backend} {dtype} b={p.batch} h={p.heads} s={p.seq_q} d={p.head_dim} causal={p.causal}")
+    if skipped:
+        prog.log(f"[attention_samples] {skipped} (backend, dtype, shape) points have no kernel here: not recorded")
+    return rows

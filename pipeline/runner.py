@@ -32,6 +32,18 @@ def fix_threads(dev) -> None:
         torch.set_num_threads(dev.threads)
 
 
+def warn_if_busy(dev, log=None) -> None:
+    """CPU timings need the cores to ourselves: a thread that waits for a core stalls each
+    parallel region by a scheduler tick (~4-8 ms), steadily, so the noise flag misses it."""
+    if dev.kind != "cpu" or not hasattr(os, "getloadavg"):
+        return
+    load = os.getloadavg()[0]
+    if load > (dev.threads or 1):
+        msg = (f"warning: load average {load:.1f} on {dev.threads} threads: other work is running; "
+               "CPU timings from this sweep will be inflated")
+        (log or (lambda m: print(m, file=sys.stderr)))(msg)
+
+
 def run_sweep(sweep: str, device: str = "auto", profile: str = "quick", run_id: str | None = None, log=None) -> list[dict]:
     from pipeline.device.discover import identify, resolve
     from pipeline.errors import DevcharError
@@ -42,6 +54,7 @@ def run_sweep(sweep: str, device: str = "auto", profile: str = "quick", run_id: 
     dev = identify(device) if device in ("auto", "cpu", "cuda") else resolve(device)
     prof = get_profile(profile, dev.kind)
     fix_threads(dev)
+    warn_if_busy(dev, log)
     run_id = run_id or uuid.uuid4().hex[:12]
     if sweep == "device":
         from pipeline.device.peaks import device_row

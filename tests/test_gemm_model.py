@@ -103,3 +103,11 @@ def test_capped_cells_extend_the_row_below_additively():
     assert (ks / filled >= ks[0] / filled[0] - 1e-12).all()
     with pytest.raises(ValueError, match="row 1"):
         fill_capped(np.array([[1.0, 2.0], [np.nan, np.nan]]), ks[:2])
+
+
+def test_duration_is_held_below_the_smallest_wave_count():
+    t = GemmTable("mm", "bfloat16", "k0", 1, 1, 2, waves=np.array([64.0, 256.0]), ks=np.array([1.0, 32.0]),
+                  thr=np.array([[10.0, 100.0], [20.0, 200.0]]))
+    # 3 x 4 outputs on 2 slots is 6 waves, below the 64 measured: it costs what 64 waves cost
+    assert t.predict_us(3, 4, 16, 1) == pytest.approx(t.predict_us(8, 16, 16, 1))
+    assert t.predict_us(16, 16, 16, 1) > t.predict_us(8, 16, 16, 1)  # 128 waves: more

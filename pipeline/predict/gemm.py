@@ -3,8 +3,8 @@ in powers of two; a new shape's throughput is interpolated linearly in K (eq. 2)
 in log2(waves), and its duration is padded FLOPs over that throughput.
 
 Padded FLOPs count whole tiles and whole waves (a partial tile or wave costs a full one).
-Beyond the largest K measured the throughput is held (eq. 1: duration grows with K);
-below the smallest K the duration is held (launch- and latency-bound there).
+Beyond the largest K or wave count measured the throughput is held (eq. 1: duration grows
+with K); below the smallest the duration is held (launch- and latency-bound there).
 Prediction is vectorized numpy: no torch, no per-shape Python loop.
 """
 from __future__ import annotations
@@ -52,7 +52,8 @@ class GemmTable:
         return lo * (1 - fw) + hi * fw
 
     def predict_us(self, m, n, k, batch) -> np.ndarray:
-        w = count_waves(m, n, batch, self.tile_m, self.tile_n, self.slots)
+        # Below the smallest wave count or K measured, the duration is held: a latency floor.
+        w = np.maximum(count_waves(m, n, batch, self.tile_m, self.tile_n, self.slots), self.waves[0])
         kk = np.maximum(np.asarray(k, dtype=float), self.ks[0])
         padded_flops = (2.0 * self.slots * self.tile_m * self.tile_n) * w * kk
         return padded_flops / self.throughput(w, kk)

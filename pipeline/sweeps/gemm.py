@@ -14,7 +14,7 @@ from pipeline.dtypes import dtypes_for, torch_dtype
 from pipeline.harness.progress import Progress
 from pipeline.harness.timer import measure
 from pipeline.predict.geometry import blocks, waves, whole_wave_shape
-from pipeline.sweeps.cpu_kernels import cpu_kernel_name
+from pipeline.sweeps.cpu_kernels import ATEN_KERNEL, cpu_kernel_name
 from pipeline.sweeps.profiles import Profile, wave_counts
 from pipeline.workloads.ops import GEMM_OPS
 
@@ -114,7 +114,9 @@ def _kernel_name(fn, dev: DeviceIdentity, op: str, dtype: str) -> str:
     return (gemm or names or ["unknown"])[0][:200]
 
 
-def _tile_of(kernel: str, kind: str) -> tuple[int, int]:
+def _tile_of(kernel: str, kind: str, dtype: str) -> tuple[int, int]:
+    if kind == "cpu" and kernel == ATEN_KERNEL and dtype in ("bfloat16", "float16"):
+        return (1, 1)  # ATen's reduced-precision fallback is a plain loop nest: nothing is padded
     m = _TILE_RE.search(kernel) if kind == "cuda" else None
     return (int(m.group(1)), int(m.group(2))) if m else NOMINAL_TILE[kind]
 
@@ -135,7 +137,7 @@ def sweep_gemm(dev: DeviceIdentity, profile: Profile, log=None) -> list[dict]:
         _set_tf32(p.dtype)
         fn = _gemm_callable(p.op, p.dtype, p.batch, p.m, p.n, p.k, dev.torch_device)
         kernel = _kernel_name(fn, dev, p.op, p.dtype)
-        tm, tn = _tile_of(kernel, dev.kind)
+        tm, tn = _tile_of(kernel, dev.kind, p.dtype)
         meas = measure(fn, profile.gemm_timing, dev.torch_device, dev.l2_bytes or 0)
         rows.append({
             "op": p.op, "dtype": p.dtype, "layout": LAYOUT[p.op], "batch": p.batch, "m": p.m, "n": p.n, "k": p.k,

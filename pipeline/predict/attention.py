@@ -20,6 +20,7 @@ import numpy as np
 
 from pipeline.dtypes import check_dtype
 from pipeline.errors import BadShapeError, MissingModelError
+from pipeline.predict.geometry import grid_position
 
 ATTENTION_BACKENDS = ("flash", "efficient", "cudnn", "math")  # torch SDPA backends, as attention_samples names them
 
@@ -29,16 +30,6 @@ def attention_flops(batch, heads, seq_q, seq_kv, head_dim, causal) -> np.ndarray
     f = 4.0 * np.asarray(batch, float) * np.asarray(heads) * np.asarray(seq_q) * np.asarray(seq_kv)
     f = f * np.asarray(head_dim)
     return np.where(np.asarray(causal, bool), f / 2, f)
-
-
-def _bracket(grid: np.ndarray, x) -> tuple[np.ndarray, np.ndarray]:
-    """Index of the grid cell holding x and the fraction across it; clamped to the grid's ends."""
-    x = np.asarray(x, dtype=float)
-    if grid.size == 1:
-        return np.zeros(x.shape, dtype=int), np.zeros(x.shape)
-    x = np.clip(x, grid[0], grid[-1])
-    i = np.clip(np.searchsorted(grid, x, side="right") - 1, 0, grid.size - 2)
-    return i, (x - grid[i]) / (grid[i + 1] - grid[i])
 
 
 @dataclass
@@ -64,10 +55,9 @@ class AttentionTable:
 
     def throughput(self, bh, seq) -> np.ndarray:
         """Bilinear: linear in seq between the bracketing measured seqs, linear in log2(bh)."""
-        ib, fb = _bracket(np.log2(self.bh), np.log2(bh))
-        iss, fs = _bracket(self.seqs, seq)
+        ib, fb, ib1 = grid_position(np.log2(self.bh), np.log2(bh))
+        iss, fs, is1 = grid_position(self.seqs, seq)
         t = self.thr
-        ib1, is1 = np.minimum(ib + 1, self.bh.size - 1), np.minimum(iss + 1, self.seqs.size - 1)
         lo = t[ib, iss] * (1 - fs) + t[ib, is1] * fs
         hi = t[ib1, iss] * (1 - fs) + t[ib1, is1] * fs
         return lo * (1 - fb) + hi * fb
@@ -151,9 +141,9 @@ class AttentionModel:
         """FLOPs/us at (head_dim, bh, seq): the two nearest measured head dims' tables, linear between them."""
         dims = self.head_dims(backend, dtype, causal)
         per_dim = np.stack([self.tables[(backend, dtype, d, causal)].throughput(bh, seq) for d in dims])
-        i, f = _bracket(np.array(dims, float), head_dim)
+        i, f, i1 = grid_position(np.array(dims, float), head_dim)
         cols = np.arange(per_dim.shape[1])
-        return per_dim[i, cols] * (1 - f) + per_dim[np.minimum(i + 1, len(dims) - 1), cols] * f
+        return per_dim[i, cols] * (1 - f) + per_dim[i1, cols] * f
 
     def predict(self, backend: str, dtype: str, batch, heads, seq_q, seq_kv, head_dim, causal=False) -> np.ndarray:
         """Predicted microseconds for arrays (or scalars) of the shape; causal may be an array too."""

@@ -15,6 +15,7 @@ import numpy as np
 
 from pipeline.dtypes import check_dtype
 from pipeline.errors import BadShapeError, MissingModelError
+from pipeline.predict.geometry import grid_position
 from pipeline.predict.geometry import waves as count_waves
 from pipeline.predict.selector import KernelSelector
 from pipeline.workloads.ops import GEMM_OPS
@@ -44,8 +45,8 @@ class GemmTable:
 
     def throughput(self, w: np.ndarray, k: np.ndarray) -> np.ndarray:
         """Bilinear: linear in K between the bracketing measured K (eq. 2), linear in log2(waves)."""
-        iw, fw, iw1 = _position(np.log2(self.waves), np.log2(w))
-        ik, fk, ik1 = _position(self.ks, k)
+        iw, fw, iw1 = grid_position(np.log2(self.waves), np.log2(w))
+        ik, fk, ik1 = grid_position(self.ks, k)
         flat, cols = self.thr.ravel(), self.ks.size  # gathers from a table this small stay in cache
         lo = flat[iw * cols + ik] * (1 - fk) + flat[iw * cols + ik1] * fk
         hi = flat[iw1 * cols + ik] * (1 - fk) + flat[iw1 * cols + ik1] * fk
@@ -57,16 +58,6 @@ class GemmTable:
         kk = np.maximum(np.asarray(k, dtype=float), self.ks[0])
         padded_flops = (2.0 * self.slots * self.tile_m * self.tile_n) * w * kk
         return padded_flops / self.throughput(w, kk)
-
-
-def _position(grid: np.ndarray, x) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """For each x: the grid cell below it, the fraction across the cell, and the cell above.
-
-    np.interp onto the index axis does the search and clamps to the grid's ends in C.
-    """
-    pos = np.interp(x, grid, np.arange(grid.size, dtype=float))
-    i = np.minimum(pos.astype(np.int64), max(grid.size - 2, 0))
-    return i, pos - i, np.minimum(i + 1, grid.size - 1)
 
 
 def fill_capped(thr: np.ndarray, ks: np.ndarray) -> np.ndarray:
@@ -94,41 +85,6 @@ def fill_capped(thr: np.ndarray, ks: np.ndarray) -> np.ndarray:
         mine = ks[j] / row[j]
         floor = np.where(miss > j, mine, mine * ks[miss] / ks[j])
         row[miss] = ks[miss] / np.maximum(mine + per_wave[miss] - per_wave[j], floor)
-    return out
-
-
-def _position(grid: np.ndarray, x) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """For each x: the grid cell below it, the fraction across the cell, and the cell above.
-
-    np.interp onto the index axis does the search and clamps to the grid's ends in C.
-    """
-    pos = np.interp(x, grid, np.arange(grid.size, dtype=float))
-    i = np.minimum(pos.astype(np.int64), max(grid.size - 2, 0))
-    return i, pos - i, np.minimum(i + 1, grid.size - 1)
-
-
-def fill_capped(thr: np.ndarray, ks: np.ndarray) -> np.ndarray:
-    """Fill the large-K cells a sweep skipped (its FLOP cap per point) on the largest wave rows.
-
-    Latency grows linearly in K at fixed waves (PM2Lat Fig. 3), so a missing cell is this
-    row's last measured time per wave plus the *increase* the next smaller wave row shows
-    from that K on: the fixed costs measured at small K (on the CPU, page faults of a fresh
-    output buffer) are kept once, not scaled with K.
-    """
-    out = thr.copy()
-    for i, row in enumerate(out):
-        have = ~np.isnan(row)
-        if have.all():
-            continue
-        if not have.any():
-            raise ValueError(f"wave row {i} has no measured K at all")
-        if i == 0:  # nothing below to borrow from: hold the nearest measured value
-            row[~have] = np.interp(np.flatnonzero(~have), np.flatnonzero(have), row[have])
-            continue
-        j, miss = np.flatnonzero(have)[-1], ~have
-        per_wave = ks / out[i - 1]  # time per wave, up to a constant factor that cancels
-        mine = ks[j] / row[j]
-        row[miss] = ks[miss] / np.maximum(mine + per_wave[miss] - per_wave[j], mine)
     return out
 
 

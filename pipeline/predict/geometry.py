@@ -36,3 +36,11 @@ def whole_wave_shape(n_waves: int, tile_m: int, tile_n: int, slots: int, batch: 
         raise ValueError(f"batch={batch} does not divide {n_waves} waves x {slots} slots")
     tm, tn = near_square(n_waves * slots // batch)
     return tm * tile_m, tn * tile_n
+
+
+def grid_position(grid: np.ndarray, x) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """For each x: the grid cell below it, the fraction across the cell, and the cell above,
+    clamped to the grid's ends (np.interp onto the index axis searches and clamps in C)."""
+    pos = np.interp(x, grid, np.arange(grid.size, dtype=float))
+    i = np.minimum(pos.astype(np.int64), max(grid.size - 2, 0))
+    return i, pos - i, np.minimum(i + 1, grid.size - 1)

@@ -111,3 +111,17 @@ def test_duration_is_held_below_the_smallest_wave_count():
     # 3 x 4 outputs on 2 slots is 6 waves, below the 64 measured: it costs what 64 waves cost
     assert t.predict_us(3, 4, 16, 1) == pytest.approx(t.predict_us(8, 16, 16, 1))
     assert t.predict_us(16, 16, 16, 1) > t.predict_us(8, 16, 16, 1)  # 128 waves: more
+
+
+def test_cells_below_the_first_measured_k_never_take_negative_time():
+    from pipeline.predict.gemm import fill_capped
+
+    ks = np.array([1.0, 2.0, 4.0])
+    # another kernel ran the small-K cells of this row; the row below says time drops faster
+    # than this row's level allows, so the fill falls back to this row's throughput
+    thr = np.array([[10.0, 10.0, 10.0], [np.nan, np.nan, 40.0]])
+    np.testing.assert_allclose(fill_capped(thr, ks)[1], [40.0, 40.0, 40.0])
+    # where the row below allows it, the fixed part of this row's time is kept
+    thr = np.array([[10.0, 20.0, 40.0], [np.nan, np.nan, 20.0]])
+    filled = fill_capped(thr, ks)[1]  # per-wave times: below 0.1 each; this row 0.2 at K = 4
+    np.testing.assert_allclose(ks / filled, [0.2, 0.2, 0.2])

@@ -1,0 +1,221 @@
+"""Host-side overheads T1–T5 (DLRM paper §III-C, Fig. 6) and the model that averages them.
+
+Labels follow the paper's list and Fig. 6 exactly (note T3/T4 order):
+  T1  CPU gap between two consecutive top-level ops (charged to the op that follows)
+  T2  op start -> start of its first launch
+  T3  end of its last launch -> op end
+  T4  the launch call itself (cudaLaunchKernel, cudaMemcpyAsync, ...): its CPU duration
+  T5  end of one launch -> start of the next, inside an op. An op that launches nothing
+      has one T5 = its whole CPU time: that is what Algorithm 1 line 19 adds for it
+      (the paper's released code, get_overheads, records it so).
+
+A "launch" is a runtime call (cat cuda_runtime/cuda_driver) whose correlation id matches a
+device event (kernel, gpu_memcpy, gpu_memset); other runtime calls are just CPU time.
+
+CPU traces have no launches and no device events: T2–T5 do not exist there. Only T1 is
+extracted; each op's duration (its inline compute) comes from `op_durations`.
+
+Profiler overhead (§III-C: "subtracting them from the execution time of each event"; 2 µs
+per CPU event on their machine): every recorded CPU event is charged once, to the interval
+it starts in — a top-level op's to the T1 gap before it, a launch's to its own T4, nested
+events to the T2/T5/T3 interval holding their start. Results are clipped at 0.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from pipeline.errors import DevcharError
+
+TYPES = ("T1", "T2", "T3", "T4", "T5")
+PAPER_CPU_EVENT_OVERHEAD_US = 2.0  # §III-C, "an empirical value of 2 µs"; platform-specific
+IQR_K = 1.5  # §IV-B: outliers outside (Q1 - 1.5 IQR, Q3 + 1.5 IQR) are removed per type
+T5_NO_KERNELS = "T5_no_kernels"  # shared-table key: pooled T5 of ops that launch nothing
+
+_RUNTIME = {"cuda_runtime", "cuda_driver"}
+_DEVICE = {"kernel", "gpu_memcpy", "gpu_memset"}
+_EPS_US = 1e-3  # Chrome-trace times are µs with ns digits; tolerate rounding in containment
+
+
+class OverheadError(DevcharError, ValueError):
+    """Bad overhead samples or trace."""
+
+
+def remove_outliers(values, k: float = IQR_K) -> np.ndarray:
+    """Keep values inside [Q1 - k·IQR, Q3 + k·IQR] (numpy's linear quantiles)."""
+    v = np.asarray(values, dtype=float)
+    if v.size == 0:
+        return v
+    q1, q3 = np.percentile(v, [25, 75])
+    iqr = q3 - q1
+    return v[(v >= q1 - k * iqr) & (v <= q3 + k * iqr)]
+
+
+@dataclass(frozen=True)
+class OverheadModel:
+    """Mean overhead per (op type, T-type) — "individual" — with a pooled "shared" fallback.
+
+    `individual[op][T]` is the mean after per-(op, T) IQR filtering; `shared[T]` pools those
+    filtered samples over all op types, so an op never seen in a trace still gets a value.
+    Fitting on samples from several workloads gives the paper's shared_E2E setting (§IV-C).
+    """
+
+    individual: dict[str, dict[str, float]]
+    shared: dict[str, float]
+    counts: dict[str, dict[str, int]] = field(default_factory=dict)
+
+    @classmethod
+    def fit(cls, samples: pd.DataFrame, k: float = IQR_K) -> "OverheadModel":
+        missing = {"op", "type", "us"} - set(samples.columns)
+        if missing:
+            raise OverheadError(f"overhead samples lack columns {sorted(missing)}")
+        if samples.empty:
+            raise OverheadError("no overhead samples to fit")
+        bad = sorted(set(samples["type"]) - set(TYPES))
+        if bad:
+            raise OverheadError(f"unknown overhead type(s) {bad}; expected {TYPES}")
+        us = samples["us"].to_numpy(dtype=float)
+        if not np.all(np.isfinite(us)) or (us < 0).any():
+            raise OverheadError(f"overhead us must be finite and >= 0, got min {np.nanmin(us)!r}")
+        individual: dict[str, dict[str, float]] = {}
+        counts: dict[str, dict[str, int]] = {}
+        pooled: dict[str, list[np.ndarray]] = {}
+        launching = set(samples.loc[samples["type"] == "T2", "op"])  # T2 exists iff an op launches
+        for (op, t), g in samples.groupby(["op", "type"], sort=True):
+            kept = remove_outliers(g["us"], k)
+            individual.setdefault(op, {})[t] = float(kept.mean())
+            counts.setdefault(op, {})[t] = int(kept.size)
+            # T5 means two things (gap between launches / whole CPU time of a launch-less op):
+            # pool them apart so an unseen op borrows the right one.
+            key = T5_NO_KERNELS if t == "T5" and op not in launching else t
+            pooled.setdefault(key, []).append(kept)
+        shared = {t: float(np.concatenate(v).mean()) for t, v in sorted(pooled.items())}
+        return cls(individual, shared, counts)
+
+    def get(self, op: str, t: str, has_kernels: bool = True) -> float:
+        """Mean T-type overhead for an op type; unseen -> shared; absent everywhere -> 0."""
+        if t not in TYPES:
+            raise OverheadError(f"unknown overhead type {t!r}; expected {TYPES}")
+        if t in self.individual.get(op, {}):
+            return self.individual[op][t]
+        key = T5_NO_KERNELS if t == "T5" and not has_kernels else t
+        # 0 for a type no trace had: e.g. T2–T5 on the CPU, where there are no launches.
+        return self.shared.get(key, 0.0)
+
+    def lookup(self, op: str, has_kernels: bool = True) -> dict[str, float]:
+        """Algorithm 1 line 5: T1..T5 for one op."""
+        return {t: self.get(op, t, has_kernels) for t in TYPES}
+
+    def to_dict(self) -> dict:
+        return {"version": 1, "individual": self.individual, "shared": self.shared, "counts": self.counts}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "OverheadModel":
+        try:
+            return cls({op: {t: float(v) for t, v in ts.items()} for op, ts in d["individual"].items()},
+                       {t: float(v) for t, v in d["shared"].items()},
+                       {op: {t: int(v) for t, v in ts.items()} for op, ts in d.get("counts", {}).items()})
+        except (KeyError, AttributeError, TypeError, ValueError) as e:
+            raise OverheadError(f"bad overhead model JSON: {e}") from None
+
+
+# ---- Chrome trace (torch.profiler export_chrome_trace) -------------------------------------
+
+def load_trace(trace) -> list[dict]:
+    """Events from a path, a parsed Chrome-trace dict ({"traceEvents": [...]}) or a list."""
+    if isinstance(trace, (str, Path)):
+        with open(trace) as f:
+            trace = json.load(f)
+    if isinstance(trace, dict):
+        trace = trace.get("traceEvents")
+    if not isinstance(trace, list):
+        raise OverheadError("a Chrome trace is a list of events or a dict with 'traceEvents'")
+    return trace
+
+
+def _end(e: dict) -> float:
+    return e["ts"] + e["dur"]
+
+
+def _parse(trace):
+    """(top-level ops with their nested host events, launch events, has_device_activity)."""
+    events = [e for e in load_trace(trace) if e.get("ph") == "X" and "ts" in e and "dur" in e]
+    device_corr = {e.get("args", {}).get("correlation") for e in events if e.get("cat") in _DEVICE}
+    device_corr.discard(None)
+    launch_ids = {id(e) for e in events if e.get("cat") in _RUNTIME
+                  and e.get("args", {}).get("correlation") in device_corr}
+    host = [e for e in events if e.get("cat") == "cpu_op" or e.get("cat") in _RUNTIME]
+    host.sort(key=lambda e: (str(e.get("pid")), str(e.get("tid")), e["ts"], -e["dur"]))  # parents first
+    tops: list[tuple[dict, list[dict]]] = []
+    cur = None
+    for e in host:
+        if cur is not None and (e.get("pid"), e.get("tid")) == (cur[0].get("pid"), cur[0].get("tid")) \
+                and e["ts"] >= cur[0]["ts"] and _end(e) <= _end(cur[0]) + _EPS_US:
+            cur[1].append(e)  # nested in the current top-level op (any depth)
+        elif e.get("cat") == "cpu_op":
+            cur = (e, [])
+            tops.append(cur)
+        # else: a runtime call outside any op (e.g. a sync from Python) — no op to charge it to
+    return tops, launch_ids, bool(device_corr) or bool(launch_ids)
+
+
+def _check_ovh(value) -> float:
+    ovh = float(value)
+    if not math.isfinite(ovh) or ovh < 0:
+        raise OverheadError(f"cpu_event_overhead_us={value!r} must be a finite number >= 0")
+    return ovh
+
+
+def extract_overheads(trace, cpu_event_overhead_us: float = 0.0) -> pd.DataFrame:
+    """One row per host-side gap: columns op (top-level op name), type (T1..T5), us.
+
+    `cpu_event_overhead_us` is the profiler's cost per recorded CPU event, subtracted as the
+    module docstring says (the paper used PAPER_CPU_EVENT_OVERHEAD_US); 0 keeps raw gaps.
+    """
+    ovh = _check_ovh(cpu_event_overhead_us)
+    tops, launch_ids, on_device = _parse(trace)
+    rows: list[tuple[str, str, float]] = []
+
+    def add(op, t, us):
+        rows.append((op, t, round(max(float(us), 0.0), 3)))  # trace clocks tick in ns
+
+    prev = None
+    for op, nested in tops:
+        name = op["name"]
+        same_thread = prev is not None and (prev.get("pid"), prev.get("tid")) == (op.get("pid"), op.get("tid"))
+        if same_thread:
+            add(name, "T1", op["ts"] - _end(prev) - ovh)
+        prev = op
+        if not on_device:
+            continue  # CPU trace: no launches, so T2–T5 do not exist
+        launches = [e for e in nested if id(e) in launch_ids]
+        others = [e for e in nested if id(e) not in launch_ids]
+        if not launches:
+            add(name, "T5", op["dur"] - ovh * len(others))  # Algorithm 1 line 19's T5
+            continue
+
+        def n_between(lo, hi):  # nested non-launch events that start in [lo, hi)
+            return sum(lo <= e["ts"] < hi for e in others)
+
+        first, last = launches[0], launches[-1]
+        add(name, "T2", first["ts"] - op["ts"] - ovh * n_between(-math.inf, first["ts"]))
+        for a, b in zip(launches, launches[1:]):
+            add(name, "T5", b["ts"] - _end(a) - ovh * n_between(_end(a), b["ts"]))
+        for lc in launches:
+            add(name, "T4", lc["dur"] - ovh)
+        add(name, "T3", _end(op) - _end(last) - ovh * n_between(_end(last), math.inf))
+    return pd.DataFrame(rows, columns=["op", "type", "us"])
+
+
+def op_durations(trace, cpu_event_overhead_us: float = 0.0) -> pd.DataFrame:
+    """Top-level ops' CPU durations (columns op, us): on the CPU, each op's inline compute."""
+    ovh = _check_ovh(cpu_event_overhead_us)
+    tops, _, _ = _parse(trace)
+    return pd.DataFrame([(op["name"], round(max(op["dur"] - ovh * len(nested), 0.0), 3)) for op, nested in tops],
+                        columns=["op", "us"])

@@ -6,8 +6,8 @@ pipeline.predict.attention); these assets only run, store, fit, check and report
 
 import dagster as dg
 from assets.common import image_md, md_table, save_plot
-from assets.models import _fit, _heldout_check
-from assets.samples import _check_results, _sample_checks, _store, device_spec
+from assets.models import fit_and_register, heldout_check
+from assets.samples import check_results, device_spec, sample_checks, store_sweep
 from pipeline.partitions import devices
 from pipeline.plots import attention_throughput_vs_seq
 from pipeline.predict.attention import AttentionModel
@@ -19,12 +19,12 @@ from resources.warehouse import DuckDBWarehouse
 
 
 @dg.asset(partitions_def=devices, group_name="characterize", kinds={"pytorch", "duckdb"}, deps=[device_spec],
-          check_specs=_sample_checks("attention_samples"))
+          check_specs=sample_checks("attention_samples"))
 def attention_samples(context: dg.AssetExecutionContext, device_runner: DeviceRunner,
                       warehouse: DuckDBWarehouse) -> dg.MaterializeResult:
     """SDPA timings per backend (flash, math; efficient and cudnn on CUDA): seq x batch*heads grid per
     head_dim and causal flag, plus held-out random shapes."""
-    df = _store(context, device_runner, warehouse, "attention", "attention_samples")
+    df = store_sweep(context, device_runner, warehouse, "attention", "attention_samples")
     train = df[~df["held_out"]]
     png = attention_throughput_vs_seq(train)
     save_plot(png, context.partition_key, "attention_throughput_vs_seq")
@@ -36,13 +36,13 @@ def attention_samples(context: dg.AssetExecutionContext, device_runner: DeviceRu
         metadata={"rows": len(df), "held_out_rows": int(df["held_out"].sum()),
                   "backends": ", ".join(sorted(df["backend"].unique())), "summary": md_table(summary),
                   "throughput_vs_seq": image_md(png, "Attention throughput vs seq (smallest batch)")},
-        check_results=_check_results(df, "median_us"))
+        check_results=check_results(df, "median_us"))
 
 
 @dg.asset(partitions_def=devices, group_name="fit", kinds={"numpy", "mlflow"}, deps=[attention_samples],
-          check_specs=_heldout_check("attention_model"))
+          check_specs=heldout_check("attention_model"))
 def attention_model(context: dg.AssetExecutionContext, warehouse: DuckDBWarehouse, tracking: MLflowTracking,
                     model_store: ModelStore) -> dg.MaterializeResult:
     """Per (backend, dtype, head_dim, causal): throughput over (bh, seq), interpolated; head dims between."""
-    return _fit(context, warehouse, tracking, model_store, "attention_model", "attention_samples",
-                AttentionModel.fit, attention_predictions)
+    return fit_and_register(context, warehouse, tracking, model_store, "attention_model", "attention_samples",
+                            AttentionModel.fit, attention_predictions)

@@ -61,7 +61,8 @@ def mlp_baselines(context: dg.AssetExecutionContext, warehouse: DuckDBWarehouse,
 
 
 @dg.asset(partitions_def=devices, group_name="evaluate", kinds={"numpy", "duckdb"},
-          deps=[gemm_model, utility_model, attention_model, mlp_baselines], automation_condition=dg.AutomationCondition.eager())
+          deps=[gemm_model, utility_model, attention_model, mlp_baselines],
+          automation_condition=dg.AutomationCondition.eager())
 def model_evaluation(context: dg.AssetExecutionContext, warehouse: DuckDBWarehouse,
                      model_store: ModelStore) -> dg.MaterializeResult:
     """devchar vs roofline / NeuSight MLP / Lin MLP on held-out shapes: Table II, Fig. 5, Figs. 6-9, speed."""

@@ -22,14 +22,15 @@ from resources.warehouse import DuckDBWarehouse
 GROUP = "fit"
 
 
-def _heldout_check(name: str) -> list[dg.AssetCheckSpec]:
+def heldout_check(name: str) -> list[dg.AssetCheckSpec]:
     return [dg.AssetCheckSpec("heldout_error", asset=name, blocking=True,
                               description=f"held-out relative error: median <= {max_heldout_err():.0%} for every "
                                           f"(op, dtype) and mean <= {max_heldout_mean_err():.0%} overall; "
                                           "predictions never use a model that fails")]
 
 
-def _fit(context, warehouse, tracking, store, name: str, table: str, fit, predict) -> dg.MaterializeResult:
+def fit_and_register(context, warehouse, tracking, store, name: str, table: str, fit,
+                     predict) -> dg.MaterializeResult:
     device = context.partition_key
     df = warehouse.device_rows(table, device)
     train, held = df[~df["held_out"]], df[df["held_out"]]
@@ -68,18 +69,18 @@ def _fit(context, warehouse, tracking, store, name: str, table: str, fit, predic
 
 
 @dg.asset(partitions_def=devices, group_name=GROUP, kinds={"numpy", "mlflow"}, deps=[gemm_samples],
-          check_specs=_heldout_check("gemm_model"))
+          check_specs=heldout_check("gemm_model"))
 def gemm_model(context: dg.AssetExecutionContext, warehouse: DuckDBWarehouse, tracking: MLflowTracking,
                model_store: ModelStore) -> dg.MaterializeResult:
     """Per (op, dtype) kernel: throughput over (waves, K), interpolated (PM2Lat eq. 1-2)."""
-    return _fit(context, warehouse, tracking, model_store, "gemm_model", "gemm_samples", GemmModel.fit,
-                gemm_predictions)
+    return fit_and_register(context, warehouse, tracking, model_store, "gemm_model", "gemm_samples",
+                            GemmModel.fit, gemm_predictions)
 
 
 @dg.asset(partitions_def=devices, group_name=GROUP, kinds={"numpy", "mlflow"}, deps=[utility_samples],
-          check_specs=_heldout_check("utility_model"))
+          check_specs=heldout_check("utility_model"))
 def utility_model(context: dg.AssetExecutionContext, warehouse: DuckDBWarehouse, tracking: MLflowTracking,
                   model_store: ModelStore) -> dg.MaterializeResult:
     """Per (op, dtype): latency = non-negative linear function of bytes moved, flops and rows."""
-    return _fit(context, warehouse, tracking, model_store, "utility_model", "utility_samples", UtilityModel.fit,
-                utility_predictions)
+    return fit_and_register(context, warehouse, tracking, model_store, "utility_model", "utility_samples",
+                            UtilityModel.fit, utility_predictions)

@@ -28,7 +28,7 @@ def device_spec(context: dg.AssetExecutionContext, device_runner: DeviceRunner,
     return dg.MaterializeResult(metadata={"spec": dg.MetadataValue.json({k: str(v) for k, v in row.items()})})
 
 
-def _sample_checks(name: str) -> list[dg.AssetCheckSpec]:
+def sample_checks(name: str) -> list[dg.AssetCheckSpec]:
     return [
         dg.AssetCheckSpec("finite_positive", asset=name, blocking=True,
                           description="every timing is finite and > 0"),
@@ -37,7 +37,7 @@ def _sample_checks(name: str) -> list[dg.AssetCheckSpec]:
     ]
 
 
-def _check_results(df: pd.DataFrame, time_col: str) -> list[dg.AssetCheckResult]:
+def check_results(df: pd.DataFrame, time_col: str) -> list[dg.AssetCheckResult]:
     t = df[time_col].to_numpy(float)
     bad = int((~np.isfinite(t) | (t <= 0)).sum())
     noisy = float((df["cv"] > 0.1).mean()) if "noisy" not in df else float(df["noisy"].mean())
@@ -48,18 +48,18 @@ def _check_results(df: pd.DataFrame, time_col: str) -> list[dg.AssetCheckResult]
     ]
 
 
-def _store(context, device_runner, warehouse, sweep: str, table: str) -> pd.DataFrame:
+def store_sweep(context, device_runner, warehouse, sweep: str, table: str) -> pd.DataFrame:
     df = device_runner.run(context, sweep, context.partition_key)
     warehouse.replace_partition(table, context.partition_key, df)
     return df
 
 
 @dg.asset(partitions_def=devices, group_name=GROUP, kinds={"pytorch", "duckdb"}, deps=[device_spec],
-          check_specs=_sample_checks("gemm_samples"))
+          check_specs=sample_checks("gemm_samples"))
 def gemm_samples(context: dg.AssetExecutionContext, device_runner: DeviceRunner,
                  warehouse: DuckDBWarehouse) -> dg.MaterializeResult:
     """GEMM timings (PM2Lat III-C): K over powers of two at whole waves, plus held-out random shapes."""
-    df = _store(context, device_runner, warehouse, "gemm", "gemm_samples")
+    df = store_sweep(context, device_runner, warehouse, "gemm", "gemm_samples")
     train = df[~df["held_out"]]
     png = throughput_vs_k(train)
     save_plot(png, context.partition_key, "throughput_vs_k")
@@ -68,15 +68,15 @@ def gemm_samples(context: dg.AssetExecutionContext, device_runner: DeviceRunner,
     return dg.MaterializeResult(
         metadata={"rows": len(df), "held_out_rows": int(df["held_out"].sum()), "summary": md_table(summary),
                   "throughput_vs_k": image_md(png, "Throughput vs K (whole waves)")},
-        check_results=_check_results(df, "median_us"))
+        check_results=check_results(df, "median_us"))
 
 
 @dg.asset(partitions_def=devices, group_name=GROUP, kinds={"pytorch", "duckdb"}, deps=[device_spec],
-          check_specs=_sample_checks("utility_samples"))
+          check_specs=sample_checks("utility_samples"))
 def utility_samples(context: dg.AssetExecutionContext, device_runner: DeviceRunner,
                     warehouse: DuckDBWarehouse) -> dg.MaterializeResult:
     """Memory-bound ops (activations, add/mul, dropout, softmax, norms, embedding, copy) with bytes and flops."""
-    df = _store(context, device_runner, warehouse, "utility", "utility_samples")
+    df = store_sweep(context, device_runner, warehouse, "utility", "utility_samples")
     gbps = (df["bytes_read"] + df["bytes_written"]) / df["median_us"] / 1e3
     summary = df.assign(gbps=gbps).groupby(["op", "dtype"]).agg(rows=("op", "size"), best_gbps=("gbps", "max"),
                                                                 median_us=("median_us", "median")).reset_index()
@@ -84,15 +84,15 @@ def utility_samples(context: dg.AssetExecutionContext, device_runner: DeviceRunn
     save_plot(png, context.partition_key, "utility_latency_vs_bytes")
     return dg.MaterializeResult(metadata={"rows": len(df), "summary": md_table(summary),
                                           "latency_vs_bytes": image_md(png, "Latency vs bytes moved")},
-                                check_results=_check_results(df, "median_us"))
+                                check_results=check_results(df, "median_us"))
 
 
 @dg.asset(partitions_def=devices, group_name=GROUP, kinds={"pytorch", "duckdb"}, deps=[device_spec],
-          check_specs=_sample_checks("workload_runs"))
+          check_specs=sample_checks("workload_runs"))
 def workload_runs(context: dg.AssetExecutionContext, device_runner: DeviceRunner,
                   warehouse: DuckDBWarehouse) -> dg.MaterializeResult:
     """Real measured GPT-2-family forward passes: 5 warm-up, 25 timed repetitions, median (PM2Lat)."""
-    df = _store(context, device_runner, warehouse, "workloads", "workload_runs")
+    df = store_sweep(context, device_runner, warehouse, "workloads", "workload_runs")
     preview = df[["config", "batch", "seq", "measured_ms", "p20_ms", "p80_ms", "cv"]]
     return dg.MaterializeResult(metadata={"rows": len(df), "runs": md_table(preview)},
-                                check_results=_check_results(df, "measured_ms"))
+                                check_results=check_results(df, "measured_ms"))

@@ -44,7 +44,8 @@ def warn_if_busy(dev, log=None) -> None:
         (log or (lambda m: print(m, file=sys.stderr)))(msg)
 
 
-def run_sweep(sweep: str, device: str = "auto", profile: str = "quick", run_id: str | None = None, log=None) -> list[dict]:
+def run_sweep(sweep: str, device: str = "auto", profile: str = "quick", run_id: str | None = None,
+              log=None) -> list[dict]:
     from pipeline.device.discover import identify, resolve
     from pipeline.errors import DevcharError
     from pipeline.sweeps.profiles import get_profile

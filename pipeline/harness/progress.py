@@ -20,4 +20,5 @@ class Progress:
             elapsed = now - self.start
             eta = elapsed / self.done * (self.total - self.done)
             pct = 100.0 * self.done / self.total
-            self.log(f"[{self.label}] {self.done}/{self.total} ({pct:.0f}%) {elapsed:.0f}s elapsed, ~{eta:.0f}s left {note}".rstrip())
+            line = f"[{self.label}] {self.done}/{self.total} ({pct:.0f}%) {elapsed:.0f}s elapsed, ~{eta:.0f}s left"
+            self.log(f"{line} {note}".rstrip())

@@ -63,7 +63,8 @@ PROFILES = {
     # PM2Lat's protocol and evaluation ranges: >= 25 runs and ~500 ms per point; 1000 held-out shapes.
     "full": Profile(
         name="full", k_values=POW2_K, wave_step=2, max_gemm_outputs=1 << 26, max_point_flops=1e15,
-        heldout_per_op=1000, heldout_max_mn=8192, heldout_max_k=2000, heldout_max_bmm=1024, utility_max_elems=16384 * 16384,
+        heldout_per_op=1000, heldout_max_mn=8192, heldout_max_k=2000, heldout_max_bmm=1024,
+        utility_max_elems=16384 * 16384,
         utility_heldout_per_op=200,
         gemm_timing=TimingSpec(warmup_s=0.1, budget_s=0.5, min_reps=25, max_reps=10000, flush_l2=True),
         utility_timing=TimingSpec(warmup_s=0.05, budget_s=0.2, min_reps=25, max_reps=10000, flush_l2=True),

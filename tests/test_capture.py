@@ -1,0 +1,146 @@
+"""Execution-graph capture on the CPU (capture.py), re-pricing with devchar's models
+(price.py) and the callable / HF-config predictor (predict_callable.py)."""
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from pipeline.predict.graph import ExecutionGraph, Kernel, Op  # noqa: E402
+from pipeline.predict.overheads import OverheadModel, extract_overheads  # noqa: E402
+from pipeline.predict.utility import UtilityModel  # noqa: E402
+from pipeline.workloads.capture import capture  # noqa: E402
+from pipeline.workloads.ops import UTILITY_OPS  # noqa: E402
+from pipeline.workloads.price import FREE, price_graph  # noqa: E402
+
+TINY_GPT2 = {"model_type": "gpt2", "n_layer": 2, "n_embd": 64, "n_head": 2, "vocab_size": 1000,
+             "bos_token_id": 999, "eos_token_id": 999}
+
+
+def utility_model(ops=UTILITY_OPS) -> UtilityModel:
+    """Made-up calibration: 1 µs per call plus 1 µs per 1000 elements."""
+    rows = [dict(op=op, dtype="float32", rows=r, cols=c, median_us=1 + r * c / 1000, held_out=False)
+            for op in ops for r in (1, 16, 256) for c in (64, 256, 1024)]
+    return UtilityModel.fit(pd.DataFrame(rows))
+
+
+@pytest.fixture(scope="module")
+def mlp_capture():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10)).eval()
+    x = torch.randn(8, 64)
+    with torch.inference_mode():
+        return capture(lambda: model(x), warmup=1)
+
+
+def test_capture_mlp_graph(mlp_capture):
+    graph, info = mlp_capture
+    top = [op.name for op in graph.top_level()]
+    assert top.count("aten::linear") + top.count("aten::addmm") == 2 and "aten::relu" in top
+    assert graph.by_name("aten::addmm"), "the GEMMs themselves are ops of the graph"
+    for op in graph:
+        assert len(op.kernels) == 1 and op.kernels[0].time_us >= 0
+        if op.parent is not None:  # nesting agrees with the profiler's intervals
+            p, c = info["times"][op.parent], info["times"][op.id]
+            assert p["ts"] <= c["ts"] and c["ts"] + c["dur"] <= p["ts"] + p["dur"] + 1e-3
+            assert op.id in graph.op(op.parent).children
+    leaves = [op for op in graph if not op.children]
+    assert all(op.kernels[0].time_us > 0 for op in leaves)
+    assert info["source"] == "execution_trace", info["notes"]
+    assert info["et_parent_mismatches"] == 0  # the observer's call tree says the same
+    # data deps from tensor ids: the second linear consumes relu's output
+    relu = graph.by_name("aten::relu")[0]
+    second = [op for op in graph.top_level() if op.name == top[-1]][-1]
+    assert relu.id in second.deps
+    addmm = graph.by_name("aten::addmm")[0]
+    assert info["shapes"][addmm.id][1:3] == [[8, 64], [64, 128]] and info["dtypes"][addmm.id][0] == "float32"
+    # the Chrome trace comes back too, in the form extract_overheads reads
+    assert set(extract_overheads(info["trace"])["type"]) == {"T1"}
+
+
+def test_separate_timing_run_keeps_the_graph(mlp_capture):
+    graph, info = mlp_capture
+    model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10)).eval()
+    x = torch.randn(8, 64)
+    with torch.inference_mode():
+        g2, info2 = capture(lambda: model(x), warmup=1, separate_timing=True)
+    assert info2["times_source"] == "timing run" and info2["source"] == "execution_trace"
+    assert [(o.name, o.parent, o.deps) for o in g2] == [(o.name, o.parent, o.deps) for o in graph]
+    assert info2["shapes"] == info["shapes"]
+
+
+def test_capture_without_observer(monkeypatch):
+    import torch.profiler as tp
+
+    class Broken:
+        def register_callback(self, path):
+            raise RuntimeError("no observer here")
+
+    monkeypatch.setattr(tp, "ExecutionTraceObserver", Broken)
+    x = torch.randn(4, 16)
+    w = torch.randn(16, 8)
+    graph, info = capture(lambda: torch.mm(x, w).relu(), warmup=0)
+    assert info["source"] == "profiler" and "no observer here" in " ".join(info["notes"])
+    mm = graph.by_name("aten::mm")[0]
+    assert info["shapes"][mm.id] == [[4, 16], [16, 8]] and all(not op.deps for op in graph)
+
+
+def test_price_gemms_exactly_and_views_zero(mlp_capture, synthetic_gemm_model):
+    graph, info = mlp_capture
+    priced, cov = price_graph(graph, info["shapes"], synthetic_gemm_model, utility_model(), "float32")
+    for op in graph.by_name("aten::addmm"):
+        _, (m, k), (_, n) = info["shapes"][op.id][:3]
+        want = float(synthetic_gemm_model.predict("mm", "float32", m, n, k, 1))
+        assert priced.op(op.id).kernels[0].time_us == want
+    for op in priced:
+        if op.name in FREE or op.name == "aten::linear":  # views; linear's GEMM is its addmm
+            assert op.kernels == ()  # 0 µs and nothing launched
+    relu = priced.by_name("aten::relu")[0]  # CPU relu runs as clamp_min: priced once, there
+    assert relu.kernels == () and priced.op(relu.children[0]).kernels[0].time_us > 0
+    assert cov["priced_share"] > 0 and cov["unmapped"] == {}
+    assert cov["measured_us"] == pytest.approx(sum(k.time_us for k in graph.kernels()))
+
+
+def test_price_ignores_measured_times_of_mapped_ops(mlp_capture, synthetic_gemm_model):
+    graph, info = mlp_capture
+    um = utility_model()
+    a, _ = price_graph(graph, info["shapes"], synthetic_gemm_model, um, "float32")
+    slower = graph.with_kernel_times(lambda op, k: k.time_us * 10 + 5)
+    b, _ = price_graph(slower, info["shapes"], synthetic_gemm_model, um, "float32")
+    assert [k.time_us for k in a.kernels()] == [k.time_us for k in b.kernels()]
+
+
+def test_coverage_reports_unmapped_and_missing(synthetic_gemm_model):
+    g = ExecutionGraph([Op(0, "aten::foo", kernels=[Kernel("aten::foo", 30.0)]),
+                        Op(1, "aten::view", kernels=[Kernel("aten::view", 5.0)]),
+                        Op(2, "aten::copy_", kernels=[Kernel("aten::copy_", 15.0)]),
+                        Op(3, "aten::mm", kernels=[Kernel("aten::mm", 50.0)])])
+    shapes = {0: [[4, 4]], 1: [[4, 4], None], 2: [[4, 8], [4, 8], None], 3: [[8, 32], [32, 16]]}
+    um = utility_model(ops=("relu",))  # no copy calibration
+    dropped, cov = price_graph(g, shapes, synthetic_gemm_model, um, "float32")
+    assert set(cov["unmapped"]) == {"aten::foo", "aten::copy_"}
+    assert cov["unmapped"]["aten::copy_"]["why"].startswith("no calibration")
+    assert cov["dropped_us"] == 45.0 and cov["free_us"] == 5.0 and cov["priced_us"] == 50.0
+    assert cov["priced_share"] == pytest.approx(0.5)
+    assert [k.time_us for k in dropped.kernels()][:2] == [0.0, 0.0] and dropped.op(1).kernels == ()
+    kept, cov = price_graph(g, shapes, synthetic_gemm_model, um, "float32", keep_unmapped=True)
+    assert [k.time_us for k in kept.kernels()][:2] == [30.0, 15.0] and cov["kept_share"] == pytest.approx(0.45)
+    assert kept.op(3).kernels[0].time_us == float(synthetic_gemm_model.predict("mm", "float32", 8, 16, 32))
+
+
+def test_predict_hf_config_tiny_gpt2(mlp_capture, synthetic_gemm_model):
+    from pipeline.workloads.predict_callable import predict_hf_config
+
+    # Host overheads from another workload's trace, never from the predicted one's.
+    overheads = OverheadModel.fit(extract_overheads(mlp_capture[1]["trace"]))
+    r = predict_hf_config(TINY_GPT2, 1, 8, synthetic_gemm_model, utility_model(), overheads, warmup=1)
+    assert r["model_type"] == "gpt2"
+    assert r["kernel_only_us"] > 0 and r["e2e_us"] >= r["kernel_only_us"]
+    per_op = r["per_op"]
+    assert {"id", "name", "status", "model_op", "measured_us", "predicted_us"} <= set(per_op.columns)
+    gemm = per_op[per_op["name"] == "aten::addmm"]
+    assert len(gemm) == 8 and (gemm["status"] == "priced").all()  # 4 Conv1D per layer
+    # the synthetic GEMM model has no bmm table: attention's bmms are reported, not guessed
+    assert r["coverage"]["unmapped"]["aten::bmm"]["why"].startswith("no calibration")
+    assert 0 < r["coverage"]["priced_share"] <= 1

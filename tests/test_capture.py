@@ -144,3 +144,34 @@ def test_predict_hf_config_tiny_gpt2(mlp_capture, synthetic_gemm_model):
     # the synthetic GEMM model has no bmm table: attention's bmms are reported, not guessed
     assert r["coverage"]["unmapped"]["aten::bmm"]["why"].startswith("no calibration")
     assert 0 < r["coverage"]["priced_share"] <= 1
+
+
+def test_cli_predicts_a_hugging_face_config_it_has_never_seen(devchar_home, tmp_path, capsys):
+    """`devchar predict --hf-config`: capture, price with the device's saved models, print."""
+    import json
+
+    import pandas as pd
+
+    from pipeline.cli import main as cli_main
+    from pipeline.config import model_store_root
+    from pipeline.predict import store
+    from pipeline.predict.gemm import GemmModel
+    from pipeline.predict.utility import UtilityModel
+
+    rows = [dict(op=op, dtype="float32", kernel="cpu", tile_m=8, tile_n=8, slots=2, batch=1, m=m, n=n, k=k, waves=w,
+                 median_us=(1 + k / 32) * w, held_out=False)
+            for op in ("mm", "bmm", "linear") for w, (m, n) in ((1, (8, 16)), (4, (16, 32)))
+            for k in (32, 64)]
+    util = pd.DataFrame([dict(op=op, dtype="float32", rows=r, cols=c, median_us=1.0 + r * c / 1e3, held_out=False)
+                         for op in ("add", "mul", "softmax", "layernorm", "embedding", "copy", "gelu")
+                         for r in (1, 64, 512) for c in (64, 256)])
+    for name, model in (("gemm_model", GemmModel.fit(pd.DataFrame(rows))), ("utility_model", UtilityModel.fit(util))):
+        store.save(model_store_root(), "cpu-test", name, model, {}, "20260101T000000-x")
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps({"model_type": "gpt2", "n_layer": 1, "n_embd": 32, "n_head": 2, "vocab_size": 100,
+                               "n_positions": 64}))
+    assert cli_main(["predict", "--device", "cpu-test", "--hf-config", str(cfg), "--batch", "2", "--seq", "8"]) == 0
+    out = capsys.readouterr().out
+    assert "gpt2 from" in out and "predicted" in out and " ms" in out
+    assert cli_main(["predict", "--device", "cpu-test", "--hf-config", str(cfg), "--batch", "2", "--seq", "65"]) == 2
+    assert "seq=65" in capsys.readouterr().err

@@ -14,6 +14,7 @@ from typing import Any
 
 import pandas as pd
 
+from pipeline.errors import BadShapeError, check_dims
 from pipeline.dtypes import torch_dtype
 from pipeline.predict.critical_path import critical_path
 from pipeline.predict.overheads import OverheadModel
@@ -106,15 +107,23 @@ def predict_hf_config(config_path_or_dict, batch: int, seq: int, gemm_model, uti
     of shape (batch, seq). Extra keywords go to predict_module."""
     import torch
 
-    for name, v in (("batch", batch), ("seq", seq)):
-        if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
-            raise ValueError(f"{name}={v!r} must be a positive integer")
+    check_dims(batch=batch, seq=seq)
     model = build_causal_lm(config_path_or_dict, dtype, attn_implementation=attn_implementation, seed=seed)
     limit = getattr(model.config, "max_position_embeddings", None) or getattr(model.config, "n_positions", None)
     if limit and seq > limit:
-        raise ValueError(f"seq={seq} exceeds the model's {limit} positions")
+        raise BadShapeError(f"seq={seq} exceeds the model's {limit} positions")
     ids = torch.randint(0, model.config.vocab_size, (batch, seq), generator=torch.Generator().manual_seed(seed))
-    out = predict_module(model, {"input_ids": ids, "use_cache": False}, gemm_model, utility_model, overheads,
-                         dtype, **kwargs)
-    out["model_type"] = model.config.model_type
+    inputs = {"input_ids": ids, "use_cache": False}
+    out = predict_module(model, inputs, gemm_model, utility_model, overheads, dtype, **kwargs)
+    out.update(model_type=model.config.model_type, model=model, inputs=inputs)
     return out
+
+
+def measure_call(fn_or_module, inputs, warmup: int = 5, reps: int = 25):
+    """The real latency here, PM2Lat's protocol (5 warm-up, 25 timed, median), without profiling."""
+    import torch
+
+    from pipeline.harness.timer import TimingSpec, measure_once
+
+    with torch.inference_mode():
+        return measure_once(_call(fn_or_module, inputs), TimingSpec.fixed(warmup, reps))

@@ -11,6 +11,7 @@ import pandas as pd
 import dagster as dg
 from assets.attention import attention_model
 from assets.common import data_hash, image_md, md_table, save_plot
+from assets.dlrm_kernels import embedding_model, memory_model
 from assets.models import gemm_model, utility_model
 from assets.samples import gemm_samples, utility_samples
 from pipeline.bench import bench_predict
@@ -18,7 +19,7 @@ from pipeline.partitions import devices
 from pipeline.plots import error_distribution_plot, worst_per_bin_plot
 from pipeline.predict.baselines import BASELINES
 from pipeline.predict.compare import DevcharPair, error_distribution, held_out_predictions, table_ii, worst_per_bin
-from pipeline.predict.evaluate import attention_predictions
+from pipeline.predict.evaluate import attention_predictions, embedding_predictions, memory_predictions
 from pipeline.predict.selector import selection_accuracy
 from pipeline.predict.store import new_version
 from resources.devices import DeviceRunner
@@ -61,7 +62,7 @@ def mlp_baselines(context: dg.AssetExecutionContext, warehouse: DuckDBWarehouse,
 
 
 @dg.asset(partitions_def=devices, group_name="evaluate", kinds={"numpy", "duckdb"},
-          deps=[gemm_model, utility_model, attention_model, mlp_baselines],
+          deps=[gemm_model, utility_model, attention_model, embedding_model, memory_model, mlp_baselines],
           automation_condition=dg.AutomationCondition.eager())
 def model_evaluation(context: dg.AssetExecutionContext, warehouse: DuckDBWarehouse,
                      model_store: ModelStore) -> dg.MaterializeResult:
@@ -75,7 +76,14 @@ def model_evaluation(context: dg.AssetExecutionContext, warehouse: DuckDBWarehou
     # Fused attention has no baseline here: devchar's own rows only (PM2Lat Table VI).
     attn = attention_predictions(model_store.load(device, "attention_model"),
                                  warehouse.device_rows("attention_samples", device, "held_out"))
-    pred = pd.concat([pred, attn.assign(model="devchar", domain=attn["flops"])[pred.columns]], ignore_index=True)
+    # DLRM kernels (the paper's Table IV names: EL-F, EL-B, concat, memcpy-D2D, transpose, tril-F/B).
+    emb = embedding_predictions(model_store.load(device, "embedding_model"),
+                                warehouse.device_rows("embedding_samples", device, "held_out"))
+    mem = memory_predictions(model_store.load(device, "memory_model"),
+                             warehouse.device_rows("memory_samples", device, "held_out"))
+    pred = pd.concat([pred, attn.assign(model="devchar", domain=attn["flops"])[pred.columns],
+                      *(d.assign(model="devchar", domain=d["bytes"])[pred.columns] for d in (emb, mem))],
+                     ignore_index=True)
     errors = table_ii(pred).assign(device=device, run_id=context.run.run_id[:12])
     warehouse.replace_partition("model_errors", device, errors)
     bins_png = worst_per_bin_plot(worst_per_bin(pred))

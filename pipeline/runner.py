@@ -20,6 +20,8 @@ SWEEPS = {  # sweep name -> table it fills
     "gemm": "gemm_samples",
     "utility": "utility_samples",
     "attention": "attention_samples",
+    "embedding": "embedding_samples",
+    "memory": "memory_samples",
     "workloads": "workload_runs",
 }
 
@@ -69,6 +71,14 @@ def run_sweep(sweep: str, device: str = "auto", profile: str = "quick", run_id: 
         from pipeline.sweeps.utility import sweep_utility
 
         rows = sweep_utility(dev, prof, log)
+    elif sweep == "embedding":
+        from pipeline.sweeps.embedding import sweep_embedding
+
+        rows = sweep_embedding(dev, prof, log)
+    elif sweep == "memory":
+        from pipeline.sweeps.memory import sweep_memory
+
+        rows = sweep_memory(dev, prof, log)
     elif sweep == "attention":
         from pipeline.sweeps.attention import sweep_attention
 

@@ -1,8 +1,8 @@
 """How a sweep reaches its device.
 
-- `in_process`: the local device, in the Dagster run's own process (the default).
-- `subprocess`: `python -m pipeline.runner` through Dagster Pipes, so a CUDA crash or a hung
-  kernel kills a child, not the run.
+- `subprocess` (the default): `python -m pipeline.runner` through Dagster Pipes, one fresh
+  process per sweep, so a CUDA crash or a hung kernel kills a child, not the run.
+- `in_process`: the local device, in the Dagster run's own process (quicker to start).
 - A partition key that is not a local device but has a committed reference calibration
   (models_store/reference/<device>/<table>.parquet, measured on a GPU node by the same
   runner) is loaded from there.
@@ -36,7 +36,10 @@ def reference_file(device: str, table: str) -> Path | None:
 
 class DeviceRunner(dg.ConfigurableResource):
     profile: str = ""  # empty: $DEVCHAR_PROFILE or "quick"
-    mode: Literal["in_process", "subprocess"] = "in_process"
+    # A fresh process per sweep: each starts from the same allocator and cache state (a long
+    # in-process run leaves glibc's mmap threshold raised, which hides the page faults large
+    # outputs pay in a real run), and a crashing or hung kernel takes down only the child.
+    mode: Literal["in_process", "subprocess"] = "subprocess"
 
     def profile_name(self) -> str:
         return self.profile or profile_name()

@@ -6,8 +6,8 @@ import pytest
 from pipeline.device.discover import identify
 from resources.warehouse import DuckDBWarehouse
 
-SAMPLE_TABLES = ("devices", "gemm_samples", "utility_samples", "attention_samples", "workload_runs", "predictions",
-                 "model_errors")
+SAMPLE_TABLES = ("devices", "gemm_samples", "utility_samples", "attention_samples", "embedding_samples",
+                 "memory_samples", "workload_runs", "predictions", "model_errors")
 
 
 def _materialize(slug: str, instance: dg.DagsterInstance, raise_on_error: bool = True):
@@ -52,9 +52,11 @@ def test_quick_profile_end_to_end(devchar_home, monkeypatch):
     held = wh.query("SELECT count(*) AS n FROM gemm_samples WHERE device = ? AND held_out", [slug])["n"].iloc[0]
     assert held > 0
     errors = wh.query("SELECT DISTINCT model, layer_type FROM model_errors")
-    assert set(errors["layer_type"]) >= {"MM", "BMM", "Linear", "Softmax", "Vector", "Attention"}
+    assert set(errors["layer_type"]) >= {"MM", "BMM", "Linear", "Softmax", "Vector", "Attention", "EL-F", "EL-B",
+                                         "concat", "transpose", "tril-F", "tril-B"}
     assert set(errors["model"]) == {"devchar", "roofline", "neusight_mlp", "lin_mlp"}
-    for model in ("gemm_model", "utility_model", "attention_model", "roofline", "neusight_mlp", "lin_mlp"):
+    for model in ("gemm_model", "utility_model", "attention_model", "embedding_model", "memory_model", "roofline",
+                  "neusight_mlp", "lin_mlp"):
         assert (devchar_home / "models_store" / slug / model).is_dir(), model
     assert (devchar_home / "mlflow.db").is_file()
 

@@ -52,3 +52,25 @@ def error_table(pred: pd.DataFrame, by: list[str]) -> pd.DataFrame:
         key = key if isinstance(key, tuple) else (key,)
         rows.append({**dict(zip(by, key)), **summarize(g["predicted_us"], g["median_us"])})
     return pd.DataFrame(rows)
+
+
+def embedding_predictions(model, samples: pd.DataFrame) -> pd.DataFrame:
+    """Held-out EmbeddingBag rows with predicted_us (hit-rate model); op = direction, layer type EL-F/EL-B."""
+    out = []
+    for (direction, dtype), g in samples.groupby(["direction", "dtype"]):
+        pred = model.predict(direction, dtype, *(g[c].to_numpy() for c in ("B", "E", "T", "L", "D")))
+        out.append(g.assign(predicted_us=pred, op=direction, layer_type="EL-" + direction[0].upper()))
+    df = pd.concat(out)
+    return df.assign(rel_err=rel_err(df["predicted_us"], df["median_us"]))
+
+
+def memory_predictions(model, samples: pd.DataFrame) -> pd.DataFrame:
+    """Held-out memory-kernel rows with predicted_us; layer type = the DLRM paper's Table IV name."""
+    from pipeline.predict.memory import KERNEL_NAMES, OP_DIMS
+
+    out = []
+    for (op, dtype), g in samples.groupby(["op", "dtype"]):
+        pred = model.predict(op, dtype, **{d: g[d].to_numpy() for d in OP_DIMS[op]})
+        out.append(g.assign(predicted_us=pred, layer_type=KERNEL_NAMES.get(op, op)))
+    df = pd.concat(out)
+    return df.assign(rel_err=rel_err(df["predicted_us"], df["median_us"]))

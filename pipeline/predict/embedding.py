@@ -1,0 +1,229 @@
+"""The DLRM paper's embedding-lookup heuristic (III-B1), with a measured bandwidth.
+
+Per bag ("warp": one output vector of B x T) the batched lookup moves, in 32-byte sectors,
+
+    table_offsets 32 B + offsets 64 B + indices ceil(ib L / 32) 32 + weights L ceil(eb D / 32) 32
+    + outputs ceil(eb D / 32) 32,
+
+eb the element bytes of the dtype (the paper's 4) and ib the index bytes (8: torch takes int64
+indices; the paper's kernel reads int32). The backward (gradient plus SGD update) reads and
+writes every looked-up row: weights 2 L ceil(eb D / 32) 32, outputs become grad_outputs. The
+weights term carries L as in the authors' code (the text's forward formula drops it). Plain
+model: time = overhead + B T (sum of the above) / BW.
+
+L2 hit-rate enhancement: with rows_per_block bags per CTA and one CTA per SM,
+num_tables = ceil(rows_per_block x #SM / B) tables are being read at once, each keeping
+cached = min(L2 / (num_tables x D x eb), E) rows in L2, and the probability that a bag's L
+lookups all hit is p = C(cached, L) / C(E, L). table_offsets, offsets and p x weights are L2
+traffic; indices, outputs and (1 - p) x weights DRAM traffic;
+time = overhead + DRAM / BW_DRAM + L2 / BW_L2.
+
+"Measured bandwidth": instead of a spec sheet, per (direction, dtype) the per-byte costs and a
+fixed per-call overhead are fitted to the *training* rows by non-negative least squares on the
+relative error, with L2 no slower than DRAM. CPU analogs: the cache is a CPU cache level and
+#SM the thread count, one bag per thread at a time (rows_per_block = 1). The fit tries the
+cache sizes the sweep recorded (per-core L2 x threads, and the shared last-level cache) and
+keeps the one with the lower training error; a GPU has one candidate, its L2. On the GPU
+rows_per_block = 4: torch's EmbeddingBag kernel computes blockDim.y = 4 bags per CTA.
+
+Prediction is vectorized numpy (no torch).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+from scipy.optimize import nnls
+from scipy.special import gammaln
+
+from pipeline.dtypes import check_dtype, element_bytes
+from pipeline.errors import BadShapeError, MissingModelError
+
+DIRECTIONS = ("forward", "backward")
+INDEX_BYTES = 8  # int64 indices and offsets
+SECTOR = 32
+TABLE_OFFSETS_BYTES, OFFSETS_BYTES = 32, 64
+DEFAULT_ROWS_PER_BLOCK = {"cuda": 4, "cpu": 1}
+LARGE_E = 100_000  # Table IV's "L": tables larger than this
+
+
+def _sectors(nbytes) -> np.ndarray:
+    return np.ceil(np.asarray(nbytes, float) / SECTOR) * SECTOR
+
+
+def check_direction(direction: str) -> str:
+    if direction not in DIRECTIONS:
+        raise BadShapeError(f"unknown embedding direction {direction!r}; expected one of {DIRECTIONS}")
+    return direction
+
+
+def check_positive(**dims) -> list[np.ndarray]:
+    """Arrays of the named dims; BadShapeError naming the first dim with a non-positive value."""
+    out = []
+    for name, value in dims.items():
+        a = np.asarray(value)
+        if a.dtype.kind not in "iuf" or (a.size and (~np.isfinite(a.astype(float))).any()):
+            raise BadShapeError(f"dimension {name}={value!r} is not a number")
+        if a.size and (a <= 0).any():
+            raise BadShapeError(f"dimension {name}={a[a <= 0].ravel()[0]} must be positive")
+        out.append(a.astype(float))
+    return out
+
+
+def hit_rate(B, E, L, D, elem_bytes: int, cache_bytes: float, units: int, rows_per_block: int) -> np.ndarray:
+    """The paper's p = C(cached, L) / C(E, L): the chance that all L rows of a bag are in the cache."""
+    B, E, L, D = (np.asarray(x, float) for x in (B, E, L, D))
+    num_tables = np.ceil(rows_per_block * units / B)
+    cached = np.minimum(np.floor(cache_bytes / (num_tables * D * elem_bytes)), E)
+    ok = (cached >= L) & (cached < E)
+    xs, es = np.where(ok, cached, L), np.where(ok, E, L + 1)  # safe arguments where the formula is not used
+    ratio = np.exp(gammaln(xs + 1) - gammaln(xs - L + 1) - gammaln(es + 1) + gammaln(es - L + 1))
+    return np.where(cached >= E, 1.0, np.where(ok, ratio, 0.0))
+
+
+def embedding_traffic(direction: str, dtype: str, B, E, T, L, D, cache_bytes: float | None = None,
+                      units: int = 1, rows_per_block: int = 1, index_bytes: int = INDEX_BYTES):
+    """(DRAM bytes, L2 bytes). Without cache_bytes: the plain model, everything from DRAM."""
+    check_direction(direction)
+    eb = element_bytes(dtype)
+    B, E, T, L, D = check_positive(B=B, E=E, T=T, L=L, D=D)
+    row = _sectors(eb * D)
+    weights = (2.0 if direction == "backward" else 1.0) * L * row
+    fixed = TABLE_OFFSETS_BYTES + OFFSETS_BYTES
+    streamed = _sectors(index_bytes * L) + row  # indices and outputs (or grad_outputs)
+    bags = B * T
+    if cache_bytes is None:
+        return bags * (fixed + streamed + weights), np.zeros(np.broadcast(B, E, T, L, D).shape)
+    p = hit_rate(B, E, L, D, eb, cache_bytes, units, rows_per_block)
+    return bags * (streamed + (1 - p) * weights), bags * (fixed + p * weights)
+
+
+def _nnls_rel(X: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, float]:
+    """Non-negative c minimising sum(((X c - y) / y)^2); returns (c, rms relative error)."""
+    scale = X.max(axis=0)
+    scale[scale == 0] = 1.0
+    c, _ = nnls((X / scale) / y[:, None], np.ones_like(y))
+    c = c / scale
+    return c, float(np.sqrt(np.mean(((X @ c) - y) ** 2 / y**2)))
+
+
+class EmbeddingModel:
+    """Per (direction, dtype): the plain fit {overhead_us, us_per_byte} and the hit-rate fit
+    {overhead_us, dram_us_per_byte, l2_us_per_byte, cache_bytes}."""
+
+    name = "embedding_model"
+
+    def __init__(self, groups: dict[tuple[str, str], dict], units: int, rows_per_block: int,
+                 index_bytes: int = INDEX_BYTES):
+        self.groups, self.units, self.rows_per_block, self.index_bytes = groups, units, rows_per_block, index_bytes
+
+    @staticmethod
+    def fit(samples: pd.DataFrame, cache_bytes: float | None = None, units: int | None = None,
+            rows_per_block: int | None = None) -> "EmbeddingModel":
+        """samples: embedding_samples rows (training only; held-out rows are refused). The device
+        parameters come from the rows' columns unless given."""
+        if samples.empty:
+            raise ValueError("EmbeddingModel.fit got no rows")
+        if bool(samples["held_out"].any()):
+            raise ValueError("EmbeddingModel.fit got held-out rows; fit on training rows only")
+        for name, given in (("units", units), ("rows_per_block", rows_per_block)):
+            if given is None and name not in samples:
+                raise ValueError(f"EmbeddingModel.fit: the rows have no {name!r} column; pass {name}=")
+        units = int(units if units is not None else samples["units"].iloc[0])
+        rpb = int(rows_per_block if rows_per_block is not None else samples["rows_per_block"].iloc[0])
+        ib = int(samples["index_bytes"].iloc[0]) if "index_bytes" in samples else INDEX_BYTES
+        if cache_bytes is not None:
+            candidates = [float(cache_bytes)]
+        else:
+            cols = [c for c in ("l2_bytes", "llc_bytes", "cache_bytes") if c in samples]
+            # No cache size known (a GPU whose L2 torch does not report): cache 0, every lookup a miss.
+            candidates = sorted({float(v) for c in cols for v in samples[c].unique() if v and v > 0}) or [0.0]
+        groups = {}
+        for (direction, dtype), g in samples.groupby(["direction", "dtype"]):
+            shape = [g[c].to_numpy() for c in ("B", "E", "T", "L", "D")]
+            y = g["median_us"].to_numpy(float)
+            plain, _ = embedding_traffic(direction, dtype, *shape, index_bytes=ib)
+            (c0, c1), plain_err = _nnls_rel(np.stack([np.ones_like(y), plain], axis=1), y)
+            best = None
+            for cache in candidates:
+                dram, l2 = embedding_traffic(direction, dtype, *shape, cache, units, rpb, ib)
+                # t = c0 + a (dram + l2) + b dram: L2 costs a per byte, DRAM a + b >= a.
+                (h0, a, b), err = _nnls_rel(np.stack([np.ones_like(y), dram + l2, dram], axis=1), y)
+                if best is None or err < best["train_rms_rel_err"]:
+                    best = {"overhead_us": float(h0), "dram_us_per_byte": float(a + b), "l2_us_per_byte": float(a),
+                            "cache_bytes": cache, "train_rms_rel_err": err}
+            groups[(str(direction), str(dtype))] = {
+                "plain": {"overhead_us": float(c0), "us_per_byte": float(c1), "train_rms_rel_err": plain_err},
+                "hit": best,
+                "n": int(len(y))}
+        return EmbeddingModel(groups, units, rpb, ib)
+
+    def bandwidth_gbps(self, direction: str, dtype: str, hit_rate: bool = False) -> float:
+        """The fitted effective DRAM bandwidth (inf when the fit gave bytes no cost)."""
+        g = self._group(direction, dtype)
+        c = g["hit"]["dram_us_per_byte"] if hit_rate else g["plain"]["us_per_byte"]
+        return 1e-3 / c if c > 0 else float("inf")
+
+    def _group(self, direction: str, dtype: str) -> dict:
+        check_direction(direction)
+        check_dtype(dtype)
+        key = (direction, "float32" if dtype == "tf32" else dtype)
+        if key not in self.groups:
+            raise MissingModelError(f"no embedding calibration for direction={direction!r} dtype={dtype!r}; "
+                                    f"have {sorted(self.groups)}")
+        return self.groups[key]
+
+    def predict(self, direction: str, dtype: str, B, E, T, L, D, hit_rate: bool = True) -> np.ndarray:
+        """Predicted microseconds (arrays broadcast); hit_rate=False is the plain DRAM-only model."""
+        g = self._group(direction, dtype)
+        check_positive(B=B, E=E, T=T, L=L, D=D)
+        dtype = "float32" if dtype == "tf32" else dtype
+        if not hit_rate:
+            plain, _ = embedding_traffic(direction, dtype, B, E, T, L, D, index_bytes=self.index_bytes)
+            return g["plain"]["overhead_us"] + plain * g["plain"]["us_per_byte"]
+        h = g["hit"]
+        dram, l2 = embedding_traffic(direction, dtype, B, E, T, L, D, h["cache_bytes"], self.units,
+                                     self.rows_per_block, self.index_bytes)
+        return h["overhead_us"] + dram * h["dram_us_per_byte"] + l2 * h["l2_us_per_byte"]
+
+    def to_dict(self) -> dict:
+        return {"kind": "embedding_model", "units": self.units, "rows_per_block": self.rows_per_block,
+                "index_bytes": self.index_bytes,
+                "groups": [{"direction": d, "dtype": dt, **{k: v for k, v in g.items()}}
+                           for (d, dt), g in self.groups.items()]}
+
+    @staticmethod
+    def from_dict(d: dict) -> "EmbeddingModel":
+        if d.get("kind") != "embedding_model":
+            raise MissingModelError(f"not an embedding model: kind={d.get('kind')!r}")
+        groups = {(g["direction"], g["dtype"]): {k: v for k, v in g.items() if k not in ("direction", "dtype")}
+                  for g in d["groups"]}
+        return EmbeddingModel(groups, int(d["units"]), int(d["rows_per_block"]), int(d["index_bytes"]))
+
+
+def kernel_error_stats(predicted, measured) -> dict:
+    """Table IV's columns: GMAE (geometric mean of |relative error|), mean and std of |relative error|."""
+    e = np.abs((np.asarray(predicted, float) - np.asarray(measured, float)) / np.asarray(measured, float))
+    if e.size == 0:
+        return {"n": 0, "gmae": float("nan"), "mean": float("nan"), "std": float("nan")}
+    return {"n": int(e.size), "gmae": float(np.exp(np.mean(np.log(np.maximum(e, 1e-12))))),
+            "mean": float(e.mean()), "std": float(e.std(ddof=1)) if e.size > 1 else 0.0}
+
+
+def table_iv_rows(model: EmbeddingModel, heldout_df: pd.DataFrame) -> pd.DataFrame:
+    """Table IV for the rows given (pass the held-out ones): per (direction, dtype) the kernels
+    EL-F / EL-FL / EL-FH / EL-FHL (B for backward): plain or hit-rate (H) model, all tables or
+    only large ones (L: E > 100000). Errors are fractions (0.05 = 5%)."""
+    out = []
+    for (direction, dtype), g in heldout_df.groupby(["direction", "dtype"], sort=False):
+        shape = [g[c].to_numpy() for c in ("B", "E", "T", "L", "D")]
+        large = g["E"].to_numpy() > LARGE_E
+        for hit in (False, True):
+            pred = model.predict(direction, dtype, *shape, hit_rate=hit)
+            for only_large in (False, True):
+                sel = large if only_large else np.ones(len(g), bool)
+                if not sel.any():
+                    continue
+                kernel = "EL-" + direction[0].upper() + ("H" if hit else "") + ("L" if only_large else "")
+                out.append({"kernel": kernel, "dtype": dtype,
+                            **kernel_error_stats(pred[sel], g["median_us"].to_numpy(float)[sel])})
+    return pd.DataFrame(out, columns=["kernel", "dtype", "n", "gmae", "mean", "std"])

@@ -1,0 +1,162 @@
+"""The DLRM paper's memory-kernel models (III-B): roofline and ML.
+
+- concat, memcpy_h2d, memcpy_d2d (heuristic, III-B1): the roofline's memory side,
+  time = overhead + bytes / BW. As in the paper the bandwidth is a measured one, not a spec:
+  per (op, dtype) the per-byte cost and a fixed per-call overhead are fitted to the training
+  rows by non-negative least squares on the relative error.
+- transpose, tril_fwd, tril_bwd (ML, III-B2): an MLP per (op, dtype) from the op's input
+  dimensions to its time, both in logarithms, grid-searched (Table II's space; the reduced grid
+  by default) with the helpers of pipeline.predict.mlp.
+
+Shapes by op (OP_DIMS): concat (batch, n, k): k tensors of (batch, n) joined along dim 1;
+memcpy_* (m, n); transpose (batch, m, n); tril_* (batch, n): the (batch, n, n) interaction.
+Prediction is vectorized numpy (no torch).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+from scipy.optimize import nnls
+
+from pipeline.dtypes import check_dtype, element_bytes
+from pipeline.errors import BadShapeError, MissingModelError
+from pipeline.predict.embedding import check_positive, kernel_error_stats
+from pipeline.predict.mlp import Net, search
+
+MEMORY_OPS = ("concat", "memcpy_h2d", "memcpy_d2d", "transpose", "tril_fwd", "tril_bwd")
+OP_DIMS = {"concat": ("batch", "n", "k"), "memcpy_h2d": ("m", "n"), "memcpy_d2d": ("m", "n"),
+           "transpose": ("batch", "m", "n"), "tril_fwd": ("batch", "n"), "tril_bwd": ("batch", "n")}
+ROOFLINE_OPS = ("concat", "memcpy_h2d", "memcpy_d2d")
+MLP_OPS = ("transpose", "tril_fwd", "tril_bwd")
+KERNEL_NAMES = {"concat": "concat", "memcpy_h2d": "memcpy", "memcpy_d2d": "memcpy-D2D", "transpose": "transpose",
+                "tril_fwd": "tril-F", "tril_bwd": "tril-B"}  # Table IV's names
+TRIL_INDEX_BYTES = 8
+
+
+def check_op(op: str) -> str:
+    if op not in MEMORY_OPS:
+        raise BadShapeError(f"unknown memory op {op!r}; expected one of {MEMORY_OPS}")
+    return op
+
+
+def check_shape(op: str, shape: dict) -> dict[str, np.ndarray]:
+    """The op's dims as float arrays; BadShapeError naming a missing, unexpected or bad dim."""
+    want = OP_DIMS[check_op(op)]
+    extra = sorted(set(shape) - set(want))
+    if extra:
+        raise BadShapeError(f"op {op!r} takes dims {want}; got unexpected {extra[0]}={shape[extra[0]]!r}")
+    missing = [d for d in want if d not in shape]
+    if missing:
+        raise BadShapeError(f"op {op!r} takes dims {want}; dimension {missing[0]} is missing")
+    arrs = dict(zip(want, check_positive(**{d: shape[d] for d in want})))
+    if op.startswith("tril") and arrs["n"].size and (arrs["n"] < 2).any():
+        raise BadShapeError(f"dimension n={arrs['n'][arrs['n'] < 2].ravel()[0]:g} of {op} must be at least 2 "
+                            "(an n x n interaction has no lower triangle below that)")
+    return arrs
+
+
+def memory_bytes(op: str, elem_bytes: int, **shape) -> np.ndarray:
+    """Bytes the op must move (read + write; H2D: the bytes over the bus; tril: plus its int64 indices)."""
+    s = check_shape(op, shape)
+    if op == "concat":
+        return 2.0 * s["batch"] * s["n"] * s["k"] * elem_bytes
+    if op == "memcpy_h2d":
+        return s["m"] * s["n"] * elem_bytes
+    if op == "memcpy_d2d":
+        return 2.0 * s["m"] * s["n"] * elem_bytes
+    if op == "transpose":
+        return 2.0 * s["batch"] * s["m"] * s["n"] * elem_bytes
+    pairs = s["n"] * (s["n"] - 1) / 2
+    if op == "tril_fwd":  # gather the pairs, write them
+        return 2.0 * s["batch"] * pairs * elem_bytes + pairs * TRIL_INDEX_BYTES
+    # tril_bwd: zero-fill the (batch, n*n) gradient, read the pairs' gradient, read-modify-write its targets
+    return s["batch"] * s["n"] ** 2 * elem_bytes + 3.0 * s["batch"] * pairs * elem_bytes + pairs * TRIL_INDEX_BYTES
+
+
+def _log_features(op: str, s: dict[str, np.ndarray]) -> np.ndarray:
+    arrs = np.broadcast_arrays(*(s[d] for d in OP_DIMS[op]))
+    return np.log(np.stack([a.ravel() for a in arrs], axis=-1))
+
+
+class MemoryModel:
+    name = "memory_model"
+
+    def __init__(self, roofline: dict[tuple[str, str], dict], nets: dict[tuple[str, str], dict]):
+        self.roofline, self.nets = roofline, nets  # nets: exported MLP params (pipeline.predict.mlp)
+        self._net_cache: dict[tuple[str, str], Net] = {}
+
+    @staticmethod
+    def fit(samples: pd.DataFrame, grid: str | dict = "reduced", seed: int = 0) -> "MemoryModel":
+        """samples: memory_samples rows, training only (held-out rows are refused)."""
+        if samples.empty:
+            raise ValueError("MemoryModel.fit got no rows")
+        if bool(samples["held_out"].any()):
+            raise ValueError("MemoryModel.fit got held-out rows; fit on training rows only")
+        roofline, nets = {}, {}
+        for (op, dtype), g in samples.groupby(["op", "dtype"]):
+            check_op(op)
+            y = g["median_us"].to_numpy(float)
+            if op in ROOFLINE_OPS:
+                nbytes = memory_bytes(op, element_bytes(dtype), **{d: g[d].to_numpy() for d in OP_DIMS[op]})
+                X = np.stack([np.ones_like(y), nbytes], axis=1)
+                scale = X.max(axis=0)
+                c, _ = nnls((X / scale) / y[:, None], np.ones_like(y))
+                c = c / scale
+                roofline[(op, dtype)] = {"overhead_us": float(c[0]), "us_per_byte": float(c[1]), "n": int(y.size)}
+            else:
+                X = _log_features(op, {d: g[d].to_numpy(float) for d in OP_DIMS[op]})
+                params = search(X, np.log(y), lambda out, idx: np.exp(out), y, grid=grid, seed=seed)
+                nets[(op, dtype)] = {**params, "n": int(y.size)}
+        return MemoryModel(roofline, nets)
+
+    def bandwidth_gbps(self, op: str, dtype: str) -> float:
+        """A roofline op's fitted effective bandwidth (inf when the fit gave bytes no cost)."""
+        c = self.roofline[self._key(op, dtype, self.roofline)]["us_per_byte"]
+        return 1e-3 / c if c > 0 else float("inf")
+
+    def _key(self, op: str, dtype: str, table: dict) -> tuple[str, str]:
+        check_op(op)
+        check_dtype(dtype)
+        key = (op, "float32" if dtype == "tf32" else dtype)
+        if key not in table:
+            have = sorted(set(self.roofline) | set(self.nets))
+            raise MissingModelError(f"no memory calibration for op={op!r} dtype={dtype!r}; have {have}")
+        return key
+
+    def predict(self, op: str, dtype: str, **shape) -> np.ndarray:
+        """Predicted microseconds; shape: the op's dims (OP_DIMS[op]) as scalars or arrays that broadcast."""
+        s = check_shape(op, shape)
+        out_shape = np.broadcast(*s.values()).shape
+        if op in ROOFLINE_OPS:
+            r = self.roofline[self._key(op, dtype, self.roofline)]
+            key_dtype = "float32" if dtype == "tf32" else dtype
+            nbytes = memory_bytes(op, element_bytes(key_dtype), **shape)
+            return np.broadcast_to(r["overhead_us"] + nbytes * r["us_per_byte"], out_shape).astype(float)
+        key = self._key(op, dtype, self.nets)
+        if key not in self._net_cache:
+            self._net_cache[key] = Net(self.nets[key])
+        return np.exp(self._net_cache[key](_log_features(op, s))).reshape(out_shape)
+
+    def to_dict(self) -> dict:
+        return {"kind": "memory_model",
+                "roofline": [{"op": op, "dtype": dt, **r} for (op, dt), r in self.roofline.items()],
+                "nets": [{"op": op, "dtype": dt, "params": p} for (op, dt), p in self.nets.items()]}
+
+    @staticmethod
+    def from_dict(d: dict) -> "MemoryModel":
+        if d.get("kind") != "memory_model":
+            raise MissingModelError(f"not a memory model: kind={d.get('kind')!r}")
+        roofline = {(r["op"], r["dtype"]): {k: v for k, v in r.items() if k not in ("op", "dtype")}
+                    for r in d["roofline"]}
+        return MemoryModel(roofline, {(e["op"], e["dtype"]): e["params"] for e in d["nets"]})
+
+
+def table_iv_rows(model: MemoryModel, heldout_df: pd.DataFrame) -> pd.DataFrame:
+    """Table IV for the rows given (pass the held-out ones): per (op, dtype) GMAE, mean and std
+    of |relative error| (fractions), under Table IV's kernel names."""
+    out = []
+    for (op, dtype), g in heldout_df.groupby(["op", "dtype"], sort=False):
+        pred = model.predict(op, dtype, **{d: g[d].to_numpy() for d in OP_DIMS[op]})
+        out.append({"kernel": KERNEL_NAMES.get(op, op), "op": op, "dtype": dtype,
+                    **kernel_error_stats(pred, g["median_us"].to_numpy(float))})
+    return pd.DataFrame(out, columns=["kernel", "op", "dtype", "n", "gmae", "mean", "std"])

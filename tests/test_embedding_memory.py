@@ -1,0 +1,157 @@
+"""embedding_samples / memory_samples sweeps (tiny, CPU) and their models: the DLRM paper's
+embedding heuristic with the L2 hit-rate term, and the memory-kernel roofline and MLPs."""
+import itertools
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from pipeline.errors import BadShapeError, MissingModelError, UnknownDtypeError
+from pipeline.predict.embedding import EmbeddingModel, embedding_traffic, hit_rate, table_iv_rows
+from pipeline.predict.memory import OP_DIMS, MemoryModel, memory_bytes
+from pipeline.predict.memory import table_iv_rows as memory_table_iv
+
+SMALL_GRID = {"layers": [3], "neurons": [32], "solver": ["adam"], "lr": [1e-2], "epochs": 150}
+
+
+@pytest.fixture(scope="module")
+def cpu():
+    from pipeline.device.discover import identify_cpu
+
+    return identify_cpu()
+
+
+def test_embedding_sweep_tiny(cpu):
+    from pipeline.sweeps.embedding import sweep_embedding
+
+    df = pd.DataFrame(sweep_embedding(cpu, "tiny", log=lambda m: None))
+    assert set(df["direction"]) == {"forward", "backward"}
+    assert (df["median_us"] > 0).all() and (df["bytes"] > 0).all()
+    assert set(df["held_out"]) == {False, True}
+    assert {"B", "E", "T", "L", "D", "dtype", "p20_us", "p80_us", "cv", "units", "l2_bytes"} <= set(df.columns)
+    back = df[df["direction"] == "backward"].iloc[0]
+    assert back["bytes"] > df[(df["direction"] == "forward") & (df["shape"] == back["shape"])]["bytes"].iloc[0]
+
+
+def test_memory_sweep_tiny(cpu):
+    from pipeline.sweeps.memory import sweep_memory
+
+    logs = []
+    df = pd.DataFrame(sweep_memory(cpu, "tiny", log=logs.append))
+    assert set(df["op"]) == {"concat", "memcpy_d2d", "transpose", "tril_fwd", "tril_bwd"}
+    assert any("memcpy_h2d skipped" in m for m in logs)  # no host-to-device copy on the CPU, and it says so
+    assert (df["median_us"] > 0).all() and (df["bytes"] > 0).all()
+    for op, g in df.groupby("op"):
+        assert set(g["held_out"]) == {False, True}, op
+
+
+def _embedding_shapes():
+    return np.array(list(itertools.product((16, 256, 2048), (100, 10_000, 1_000_000), (1, 4), (1, 8, 32), (16, 64))))
+
+
+def test_heuristic_recovers_a_known_bandwidth():
+    B, E, T, L, D = _embedding_shapes().T
+    plain, _ = embedding_traffic("forward", "float32", B, E, T, L, D)
+    rows = pd.DataFrame(dict(direction="forward", dtype="float32", B=B, E=E, T=T, L=L, D=D, held_out=False,
+                             median_us=3.0 + plain / 20e3, units=2, rows_per_block=1, l2_bytes=1 << 20))
+    model = EmbeddingModel.fit(rows)
+    assert model.bandwidth_gbps("forward", "float32", hit_rate=False) == pytest.approx(20.0, rel=1e-6)
+    assert model.groups[("forward", "float32")]["plain"]["overhead_us"] == pytest.approx(3.0, rel=1e-6)
+    # The hit-rate variant: DRAM at 10 GB/s, L2 at 100 GB/s, a 1 us call.
+    dram, l2 = embedding_traffic("forward", "float32", B, E, T, L, D, 1 << 20, 2, 1)
+    model = EmbeddingModel.fit(rows.assign(median_us=1.0 + dram / 10e3 + l2 / 100e3))
+    assert model.bandwidth_gbps("forward", "float32", hit_rate=True) == pytest.approx(10.0, rel=1e-4)
+    assert model.groups[("forward", "float32")]["hit"]["l2_us_per_byte"] == pytest.approx(1 / 100e3, rel=1e-3)
+    d1, l1 = embedding_traffic("forward", "float32", 300, 5000, 3, 7, 32, 1 << 20, 2, 1)
+    assert model.predict("forward", "float32", 300, 5000, 3, 7, 32) == pytest.approx(1 + d1 / 10e3 + l1 / 100e3,
+                                                                                     rel=1e-4)
+    again = EmbeddingModel.from_dict(json.loads(json.dumps(model.to_dict())))
+    want = model.predict("forward", "float32", B, E, T, L, D)
+    assert again.predict("forward", "float32", B, E, T, L, D) == pytest.approx(want)
+    table = table_iv_rows(model, rows.assign(median_us=model.predict("forward", "float32", B, E, T, L, D)))
+    assert list(table["kernel"]) == ["EL-F", "EL-FL", "EL-FH", "EL-FHL"]
+    assert table.set_index("kernel").loc["EL-FH", "mean"] == pytest.approx(0.0, abs=1e-9)
+
+
+def test_hit_rate_moves_cached_tables_off_dram():
+    # B=64 bags per table, E=100 rows of D=16 float32, T=2, L=4; a 1 MiB cache, 2 units, 1 row per block.
+    # Per bag: table_offsets 32 + offsets 64 + indices ceil(8*4/32)*32 = 32 + weights 4 * 64 + output 64 = 448.
+    plain, none = embedding_traffic("forward", "float32", 64, 100, 2, 4, 16)
+    assert plain == 128 * 448 and none == 0
+    # num_tables = ceil(1 * 2 / 64) = 1, cached = min(2^20 / (1 * 16 * 4), 100) = 100 = E: p = 1, all weights hit.
+    dram, l2 = embedding_traffic("forward", "float32", 64, 100, 2, 4, 16, 1 << 20, 2, 1)
+    assert dram == 128 * (32 + 64) and l2 == 128 * (32 + 64 + 256)
+    # A cache of 32000 bytes keeps 500 of E = 1000 rows: p = C(500, 4) / C(1000, 4).
+    p = (500 * 499 * 498 * 497) / (1000 * 999 * 998 * 997)
+    assert hit_rate(64, 1000, 4, 16, 4, 32000, 2, 1) == pytest.approx(p, rel=1e-9)
+    dram, l2 = embedding_traffic("backward", "float32", 64, 1000, 2, 4, 16, 32000, 2, 1)
+    assert dram == pytest.approx(128 * (32 + 64 + (1 - p) * 512)) and l2 == pytest.approx(128 * (96 + p * 512))
+    assert hit_rate(64, 10**7, 4, 16, 4, 32000, 2, 1) == pytest.approx((500 / 1e7) ** 4, rel=1e-3)  # ~never all hits
+    assert hit_rate(64, 1000, 4, 16, 4, 192, 2, 1) == 0.0  # 3 cached rows cannot hold a bag of 4
+
+
+def _memory_samples():
+    rows = []
+    for b, n, k in itertools.product((16, 128, 1024), (16, 64, 256), (2, 9, 27)):
+        rows.append(dict(op="concat", batch=b, m=1, n=n, k=k, median_us=2.0 + 2 * b * n * k * 4 / 50e3))
+    for b, m, n in itertools.product((1, 4, 16, 64), (16, 32, 64, 128, 256), (16, 32, 64, 128, 256)):
+        rows.append(dict(op="transpose", batch=b, m=m, n=n, k=1, median_us=1.0 + 2e-4 * b * m * n))
+    return pd.DataFrame(rows).assign(dtype="float32", held_out=False)
+
+
+def test_memory_model_round_trip_and_training_points():
+    df = _memory_samples()
+    model = MemoryModel.fit(df, grid=SMALL_GRID)
+    again = MemoryModel.from_dict(json.loads(json.dumps(model.to_dict())))
+    assert model.bandwidth_gbps("concat", "float32") == pytest.approx(50.0, rel=1e-6)
+    for op, g in df.groupby("op"):
+        shape = {d: g[d].to_numpy() for d in OP_DIMS[op]}
+        pred = again.predict(op, "float32", **shape)
+        assert pred == pytest.approx(model.predict(op, "float32", **shape))
+        err = np.abs(pred / g["median_us"].to_numpy() - 1)
+        assert np.median(err) < (1e-6 if op == "concat" else 0.15), op
+    assert np.ndim(model.predict("transpose", "float32", batch=2, m=100, n=50)) == 0
+    table = memory_table_iv(model, df)
+    assert set(table["kernel"]) == {"concat", "transpose"} and (table["n"] > 0).all()
+
+
+def test_fits_refuse_held_out_rows():
+    with pytest.raises(ValueError, match="held-out"):
+        MemoryModel.fit(_memory_samples().assign(held_out=True))
+    B, E, T, L, D = _embedding_shapes()[:4].T
+    rows = pd.DataFrame(dict(direction="forward", dtype="float32", B=B, E=E, T=T, L=L, D=D, median_us=5.0,
+                             held_out=[False, True, False, False], units=2, rows_per_block=1, l2_bytes=1 << 20))
+    with pytest.raises(ValueError, match="held-out"):
+        EmbeddingModel.fit(rows)
+
+
+def test_bad_input_names_the_value():
+    B, E, T, L, D = _embedding_shapes().T
+    plain, _ = embedding_traffic("backward", "float32", B, E, T, L, D)
+    emb = EmbeddingModel.fit(pd.DataFrame(dict(direction="backward", dtype="float32", B=B, E=E, T=T, L=L, D=D,
+                                               held_out=False, median_us=2.0 + plain / 5e3, units=2,
+                                               rows_per_block=1, l2_bytes=1 << 20)))
+    with pytest.raises(BadShapeError, match="E=0"):
+        emb.predict("backward", "float32", 8, 0, 1, 1, 16)
+    with pytest.raises(BadShapeError, match="D=-4"):
+        emb.predict("backward", "float32", 8, 10, 1, 1, [16, -4])
+    with pytest.raises(BadShapeError, match="sideways"):
+        emb.predict("sideways", "float32", 8, 10, 1, 1, 16)
+    with pytest.raises(UnknownDtypeError, match="int4"):
+        emb.predict("backward", "int4", 8, 10, 1, 1, 16)
+    with pytest.raises(MissingModelError, match="forward"):
+        emb.predict("forward", "float32", 8, 10, 1, 1, 16)
+    mem = MemoryModel.fit(_memory_samples()[lambda d: d["op"] == "concat"])
+    with pytest.raises(BadShapeError, match="k=0"):
+        mem.predict("concat", "float32", batch=4, n=8, k=0)
+    with pytest.raises(BadShapeError, match="missing"):
+        mem.predict("concat", "float32", batch=4, n=8)
+    with pytest.raises(BadShapeError, match="m=3"):
+        mem.predict("concat", "float32", batch=4, n=8, k=2, m=3)
+    with pytest.raises(BadShapeError, match="permute"):
+        mem.predict("permute", "float32", batch=4)
+    with pytest.raises(BadShapeError, match="n=1"):
+        memory_bytes("tril_fwd", 4, batch=4, n=1)
+    with pytest.raises(MissingModelError, match="transpose"):
+        mem.predict("transpose", "float32", batch=1, m=2, n=2)

@@ -46,3 +46,20 @@ def test_noisy_rows_are_remeasured_once_and_flagged():
     assert m.remeasured
     assert m.noisy(spec.cv_threshold)
     assert state["n"] == 2 * (1 + 9)  # warm-up + reps, twice
+
+
+def test_waiting_for_a_core_is_flagged_as_a_stall():
+    import time
+
+    spec = TimingSpec(warmup_s=0.0, budget_s=0.0, min_reps=5, max_reps=5)
+    waiting = measure_once(lambda: time.sleep(0.002), spec)  # wall time passes, no CPU is used
+    assert waiting.stalled and waiting.noisy(1e9) and waiting.cpu_util < 0.5
+
+    def busy():
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < 0.002:
+            pass
+
+    working = measure_once(busy, spec)
+    assert not working.stalled and working.cpu_util > 0.5
+    assert working.row()["stalled"] is False

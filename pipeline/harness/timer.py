@@ -15,6 +15,9 @@ from typing import Callable
 import numpy as np
 
 
+STALL_CPU_UTIL = 0.5  # below this the process mostly waited: another process had the cores
+
+
 @dataclass(frozen=True)
 class TimingSpec:
     warmup_s: float = 0.02  # warm-up runs until this much time has passed ...
@@ -39,6 +42,17 @@ class TimingSpec:
 class Measurement:
     times_us: np.ndarray = field(repr=False)
     remeasured: bool = False
+    # CPU only: process CPU seconds per wall second over the timed repetitions (about 1 for a
+    # one-thread op, about the thread count for a parallel one). Far below 1 means the process
+    # mostly waited for a core, a stall whose spread can be small enough to pass the cv test.
+    # It does not see OpenMP's spin-waiting worker, which keeps burning CPU while its partner
+    # is descheduled (the 4-8 ms stalls under co-tenant load): that case still needs an idle
+    # machine (the runner warns on a high load average).
+    cpu_util: float = float("nan")
+
+    @property
+    def stalled(self) -> bool:
+        return bool(self.cpu_util < STALL_CPU_UTIL)
 
     @property
     def reps(self) -> int:
@@ -66,7 +80,7 @@ class Measurement:
         return float(np.std(self.times_us) / mean) if mean > 0 else math.inf
 
     def noisy(self, threshold: float = 0.10) -> bool:
-        return self.cv > threshold
+        return self.cv > threshold or self.stalled
 
     def row(self, threshold: float = 0.10) -> dict:
         """The columns every sample table carries."""
@@ -78,6 +92,8 @@ class Measurement:
             "reps": self.reps,
             "noisy": self.noisy(threshold),
             "remeasured": self.remeasured,
+            "stalled": self.stalled,
+            "cpu_util": self.cpu_util,
         }
 
 
@@ -152,7 +168,10 @@ def measure_once(fn: Callable[[], object], spec: TimingSpec, device: str = "cpu"
     if cuda:
         return Measurement(times_us=_time_cuda(fn, _reps_for(spec, per_call), flush))
     inner = max(1, int(spec.min_block_s / max(per_call, 1e-9))) if flush is None else 1
-    return Measurement(times_us=_time_cpu(fn, _reps_for(spec, per_call * inner), flush, inner))
+    wall0, cpu0 = time.perf_counter(), time.process_time()
+    times = _time_cpu(fn, _reps_for(spec, per_call * inner), flush, inner)
+    util = (time.process_time() - cpu0) / max(time.perf_counter() - wall0, 1e-9)
+    return Measurement(times_us=times, cpu_util=util)
 
 
 def measure(fn: Callable[[], object], spec: TimingSpec, device: str = "cpu", l2_bytes: int = 0) -> Measurement:

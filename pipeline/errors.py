@@ -21,6 +21,18 @@ class MissingModelError(DevcharError, FileNotFoundError):
     pass
 
 
+def check_positive_arrays(**dims) -> list:
+    """Scalars or arrays of dimensions, broadcast together; BadShapeError naming the first
+    dimension holding a non-positive value, and that value."""
+    import numpy as np
+
+    arrs = np.broadcast_arrays(*(np.asarray(v) for v in dims.values()))
+    for name, a in zip(dims, arrs):
+        if a.size and (a <= 0).any():
+            raise BadShapeError(f"dimension {name} must be positive; got {a[a <= 0].ravel()[0]}")
+    return arrs
+
+
 def check_dims(**dims: int) -> None:
     """Raise BadShapeError for the first dimension that is not a positive integer."""
     for name, value in dims.items():

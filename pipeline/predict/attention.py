@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from pipeline.dtypes import check_dtype
-from pipeline.errors import BadShapeError, MissingModelError
+from pipeline.errors import BadShapeError, MissingModelError, check_positive_arrays
 from pipeline.predict.geometry import grid_position
 
 ATTENTION_BACKENDS = ("flash", "efficient", "cudnn", "math")  # torch SDPA backends, as attention_samples names them
@@ -89,12 +89,6 @@ def fill_missing(thr: np.ndarray) -> np.ndarray:
     return out
 
 
-def _positive(**arrs: np.ndarray) -> None:
-    for name, a in arrs.items():
-        if a.size and (a <= 0).any():
-            raise BadShapeError(f"dimension {name} must be positive; got {a[a <= 0].ravel()[0]}")
-
-
 class AttentionModel:
     name = "attention_model"
 
@@ -150,7 +144,7 @@ class AttentionModel:
         dtype = self._check(backend, dtype)
         b, h, sq, skv, d, c = np.broadcast_arrays(*(np.asarray(x) for x in (batch, heads, seq_q, seq_kv, head_dim,
                                                                             causal)))
-        _positive(batch=b, heads=h, seq_q=sq, seq_kv=skv, head_dim=d)
+        check_positive_arrays(batch=b, heads=h, seq_q=sq, seq_kv=skv, head_dim=d)
         shape = b.shape
         b, h, sq, skv, d, c = (a.ravel() for a in (b, h, sq, skv, d, c.astype(bool)))
         bh, seq = b.astype(float) * h, np.sqrt(sq.astype(float) * skv)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from pipeline.dtypes import ELEMENT_BYTES, check_dtype, element_bytes
-from pipeline.errors import BadShapeError, MissingModelError
+from pipeline.errors import BadShapeError, MissingModelError, check_positive_arrays
 from pipeline.predict.geometry import waves as count_waves
 from pipeline.predict.mlp import Net, search
 from pipeline.predict.traffic import utility_traffic
@@ -25,11 +25,7 @@ _U_MIN, _U_MAX = 1e-5, 0.999  # utilization clipped here before the logit (measu
 
 
 def _positive(**dims) -> list[np.ndarray]:
-    arrs = np.broadcast_arrays(*(np.asarray(v) for v in dims.values()))
-    for name, a in zip(dims, arrs):
-        if a.size and (a <= 0).any():
-            raise BadShapeError(f"dimension {name} must be positive; got {a[a <= 0].ravel()[0]}")
-    return [a.astype(float) for a in arrs]
+    return [a.astype(float) for a in check_positive_arrays(**dims)]
 
 
 def _refuse_held_out(who: str, *frames) -> None:

@@ -32,11 +32,11 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
-from scipy.optimize import nnls
 from scipy.special import gammaln
 
 from pipeline.dtypes import check_dtype, element_bytes
 from pipeline.errors import BadShapeError, MissingModelError
+from pipeline.predict.fitting import nnls_relative
 
 DIRECTIONS = ("forward", "backward")
 INDEX_BYTES = 8  # int64 indices and offsets
@@ -97,15 +97,6 @@ def embedding_traffic(direction: str, dtype: str, B, E, T, L, D, cache_bytes: fl
     return bags * (streamed + (1 - p) * weights), bags * (fixed + p * weights)
 
 
-def _nnls_rel(X: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, float]:
-    """Non-negative c minimising sum(((X c - y) / y)^2); returns (c, rms relative error)."""
-    scale = X.max(axis=0)
-    scale[scale == 0] = 1.0
-    c, _ = nnls((X / scale) / y[:, None], np.ones_like(y))
-    c = c / scale
-    return c, float(np.sqrt(np.mean(((X @ c) - y) ** 2 / y**2)))
-
-
 class EmbeddingModel:
     """Per (direction, dtype): the plain fit {overhead_us, us_per_byte} and the hit-rate fit
     {overhead_us, dram_us_per_byte, l2_us_per_byte, cache_bytes}."""
@@ -142,12 +133,12 @@ class EmbeddingModel:
             shape = [g[c].to_numpy() for c in ("B", "E", "T", "L", "D")]
             y = g["median_us"].to_numpy(float)
             plain, _ = embedding_traffic(direction, dtype, *shape, index_bytes=ib)
-            (c0, c1), plain_err = _nnls_rel(np.stack([np.ones_like(y), plain], axis=1), y)
+            (c0, c1), plain_err = nnls_relative(np.stack([np.ones_like(y), plain], axis=1), y)
             best = None
             for cache in candidates:
                 dram, l2 = embedding_traffic(direction, dtype, *shape, cache, units, rpb, ib)
                 # t = c0 + a (dram + l2) + b dram: L2 costs a per byte, DRAM a + b >= a.
-                (h0, a, b), err = _nnls_rel(np.stack([np.ones_like(y), dram + l2, dram], axis=1), y)
+                (h0, a, b), err = nnls_relative(np.stack([np.ones_like(y), dram + l2, dram], axis=1), y)
                 if best is None or err < best["train_rms_rel_err"]:
                     best = {"overhead_us": float(h0), "dram_us_per_byte": float(a + b), "l2_us_per_byte": float(a),
                             "cache_bytes": cache, "train_rms_rel_err": err}

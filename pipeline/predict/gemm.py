@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from pipeline.dtypes import check_dtype
-from pipeline.errors import BadShapeError, MissingModelError
+from pipeline.errors import BadShapeError, MissingModelError, check_positive_arrays
 from pipeline.predict.geometry import grid_position
 from pipeline.predict.geometry import waves as count_waves
 from pipeline.predict.selector import KernelSelector
@@ -141,10 +141,7 @@ class GemmModel:
     def predict(self, op: str, dtype: str, m, n, k, batch=1, kernel: str | None = None) -> np.ndarray:
         """Predicted microseconds for arrays (or scalars) of m, n, k, batch; the kernel is the
         selector's choice per shape unless one is named."""
-        arrs = np.broadcast_arrays(*(np.asarray(x) for x in (m, n, k, batch)))
-        for name, a in zip(("m", "n", "k", "batch"), arrs):
-            if a.size and (a <= 0).any():
-                raise BadShapeError(f"dimension {name} must be positive; got {a[a <= 0].ravel()[0]}")
+        arrs = check_positive_arrays(m=m, n=n, k=k, batch=batch)
         if kernel is not None:
             tables = [self.table(op, dtype, kernel)]
         else:

@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
-from scipy.optimize import nnls
 
 from pipeline.dtypes import check_dtype, element_bytes
 from pipeline.errors import BadShapeError, MissingModelError
 from pipeline.predict.embedding import check_positive, kernel_error_stats
+from pipeline.predict.fitting import nnls_relative
 from pipeline.predict.mlp import Net, search
 
 MEMORY_OPS = ("concat", "memcpy_h2d", "memcpy_d2d", "transpose", "tril_fwd", "tril_bwd")
@@ -99,9 +99,7 @@ class MemoryModel:
             if op in ROOFLINE_OPS:
                 nbytes = memory_bytes(op, element_bytes(dtype), **{d: g[d].to_numpy() for d in OP_DIMS[op]})
                 X = np.stack([np.ones_like(y), nbytes], axis=1)
-                scale = X.max(axis=0)
-                c, _ = nnls((X / scale) / y[:, None], np.ones_like(y))
-                c = c / scale
+                c, _ = nnls_relative(X, y)
                 roofline[(op, dtype)] = {"overhead_us": float(c[0]), "us_per_byte": float(c[1]), "n": int(y.size)}
             else:
                 X = _log_features(op, {d: g[d].to_numpy(float) for d in OP_DIMS[op]})

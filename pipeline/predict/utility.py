@@ -7,10 +7,10 @@ latency model is judged by relative error across sizes spanning several decades.
 from __future__ import annotations
 
 import numpy as np
-from scipy.optimize import nnls
 
 from pipeline.dtypes import check_dtype, element_bytes
 from pipeline.errors import BadShapeError, MissingModelError
+from pipeline.predict.fitting import nnls_relative
 from pipeline.predict.traffic import utility_traffic
 from pipeline.workloads.ops import UTILITY_OPS
 
@@ -37,10 +37,7 @@ class UtilityModel:
         for (op, dtype), g in samples.groupby(["op", "dtype"]):
             X = features(op, dtype, g["rows"].to_numpy(), g["cols"].to_numpy())
             y = g["median_us"].to_numpy(float)
-            scale = X.max(axis=0)  # columns span 1 ... 1e8: normalise before solving
-            scale[scale == 0] = 1.0
-            c, _ = nnls((X / scale) / y[:, None], np.ones_like(y))
-            coefs[(op, dtype)] = c / scale
+            coefs[(op, dtype)] = nnls_relative(X, y)[0]
         return UtilityModel(coefs)
 
     def predict(self, op: str, dtype: str, rows, cols) -> np.ndarray:

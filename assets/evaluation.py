@@ -85,7 +85,7 @@ def model_evaluation(context: dg.AssetExecutionContext, warehouse: DuckDBWarehou
                       *(d.assign(model="devchar", domain=d["bytes"])[pred.columns] for d in (emb, mem))],
                      ignore_index=True)
     errors = table_ii(pred).assign(device=device, run_id=context.run.run_id[:12])
-    warehouse.replace_partition("model_errors", device, errors)
+    warehouse.replace_partition("model_errors", device, errors, scope="model")
     bins_png = worst_per_bin_plot(worst_per_bin(pred))
     dist_png = error_distribution_plot(error_distribution(pred))
     save_plot(bins_png, device, "worst_error_per_bin")

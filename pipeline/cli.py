@@ -82,7 +82,8 @@ def cmd_predict(args) -> int:
 
 def _predict_captured(args) -> int:
     """Any model: run it once here on the CPU, capture its execution graph, price every kernel
-    with the device's models, and walk Algorithm 1 (host overheads: none modeled yet)."""
+    with the device's models, and walk Algorithm 1 with the device's shared overhead model
+    (fitted on the traced workloads; the model predicted here is never one of them)."""
     import importlib
 
     from pipeline.config import model_store_root
@@ -92,25 +93,43 @@ def _predict_captured(args) -> int:
 
     gemm = store.load(model_store_root(), args.device, "gemm_model")
     utility = store.load(model_store_root(), args.device, "utility_model")
+    overheads, extra = _optional_models(args.device)
     dtype = check_dtype(args.dtype)
     if args.hf_config:
-        out = pc.predict_hf_config(args.hf_config, args.batch, args.seq, gemm, utility, None, dtype)
+        out = pc.predict_hf_config(args.hf_config, args.batch, args.seq, gemm, utility, overheads, dtype, extra=extra)
         label = f"{out['model_type']} from {args.hf_config} batch={args.batch} seq={args.seq}"
         model, inputs = out["model"], out["inputs"]
     else:
         mod, _, attr = args.module.partition(":")
         model, inputs = getattr(importlib.import_module(mod), attr)()
-        out = pc.predict_module(model, inputs, gemm, utility, None, dtype)
+        out = pc.predict_module(model, inputs, gemm, utility, overheads, dtype, extra=extra)
         label = args.module
     cov = out["coverage"]
+    host = "host overheads from the shared overhead model" if overheads else "no overhead model: kernels only"
     print(f"{label} on {args.device}: predicted {out['e2e_us'] / 1e3:.2f} ms "
-          f"(kernels {out['kernel_only_us'] / 1e3:.2f} ms; {cov['priced_share']:.0%} of the captured CPU time "
-          f"re-priced, {len(cov['unmapped'])} unmapped op kinds)")
+          f"(kernels {out['kernel_only_us'] / 1e3:.2f} ms, {host}; {cov['priced_share'] + cov['covered_share']:.0%} "
+          f"of the captured CPU time re-priced, {len(cov['unmapped'])} unmapped op kinds)")
     if args.measure:
         m = pc.measure_call(model, inputs)
         err = (out["e2e_us"] - m.median_us) / m.median_us
         print(f"measured {m.median_us / 1e3:.2f} ms here (5 warm-up, 25 runs; median): error {err:+.1%}")
     return 0
+
+
+def _optional_models(device: str):
+    """(overhead model or None, RecsysOps with whichever embedding/memory models exist)."""
+    from pipeline.config import model_store_root
+    from pipeline.errors import MissingModelError
+    from pipeline.predict import store
+    from pipeline.workloads.price_recsys import RecsysOps
+
+    got = {}
+    for name in ("overhead_model", "embedding_model", "memory_model"):
+        try:
+            got[name] = store.load(model_store_root(), device, name)
+        except MissingModelError:
+            got[name] = None
+    return got["overhead_model"], RecsysOps(got["embedding_model"], got["memory_model"])
 
 
 def cmd_sql(args) -> int:
@@ -131,17 +150,83 @@ def cmd_ui(args) -> int:
 def cmd_load(args) -> int:
     """Load a runner output directory (e.g. a GPU node's parquet) into the warehouse."""
     from resources.devices import read_rows
-    from pipeline.runner import SWEEPS
+    from pipeline.runner import SWEEPS, tables_of
 
     wh = _warehouse()
+    known = {t for sweep in SWEEPS for t in tables_of(sweep)}
     for path in sorted(Path(args.dir).iterdir()):
         table = path.name.split(".")[0]
-        if table in SWEEPS.values():
+        if table in known:
             df = read_rows(path)
             for device, rows in df.groupby("device"):
                 wh.replace_partition(table, str(device), rows)
                 print(f"{table}: {len(rows)} rows for {device}")
     return 0
+
+
+def cmd_what_if(args) -> int:
+    """Transform a captured graph (batch size, fused embedding lookups) and predict it unrun."""
+    from pipeline.errors import BadShapeError
+    from pipeline.workloads import graph_predict as gp
+    from pipeline.workloads.what_if import fuse_embedding_bags, with_batch
+
+    device = _local_slug(args.device)
+    wh = _warehouse()
+    graphs = wh.device_rows("workload_graphs", device, "config = ?", [args.config])
+    by_batch = {int(r["batch"]): r for r in graphs.to_dict("records")}
+    if args.batch not in by_batch:
+        raise BadShapeError(f"no captured graph of {args.config!r} at batch={args.batch} for {device}; "
+                            f"captured batches: {sorted(by_batch)}")
+    row = by_batch[args.batch]
+    graph, shapes, scalars = gp.load_graph(row["graph_json"])
+    key = {k: row[k] for k in gp.KEY}
+    overheads = gp.overheads_for(wh.device_rows("overhead_samples", device), key)
+    models = {m: _load_model(device, m) for m in ("gemm_model", "utility_model", "embedding_model", "memory_model")}
+    sync = wh.device_rows("devices", device)["kind"].iloc[0] == "cpu"
+
+    def show(label, g, shp, sc):
+        got = gp.predict_graph(g, shp, sc, models, row["dtype"], overheads, sync)
+        parts = ", ".join(f"{p} {got[p] / 1e3:.2f} ms" for p in gp.PREDICTORS if p in got)
+        print(f"{label}: {parts}")
+        return got
+
+    show(f"{args.config} batch={args.batch} as captured", graph, shapes, scalars)
+    label = f"{args.config}"
+    if args.new_batch:
+        other = min((b for b in by_batch if b != args.batch), key=lambda b: abs(b - args.new_batch), default=None)
+        if other is None:
+            raise BadShapeError(f"{args.config!r} was captured at one batch size only; a batch what-if needs two")
+        og, oshapes, _ = gp.load_graph(by_batch[other]["graph_json"])
+        shapes, report = with_batch(graph, shapes, args.batch, oshapes, og, other, args.new_batch)
+        label += f" batch={args.new_batch} (shapes solved from batches {args.batch} and {other}; " \
+                 f"{report['unaligned_ops']} ops unaligned)"
+    if args.fuse_embeddings:
+        graph, shapes, scalars = fuse_embedding_bags(graph, shapes, scalars)
+        label += " with one batched EmbeddingBag"
+    got = show(label, graph, shapes, scalars)
+    if args.measure:
+        m = _measure_what_if(args.config, args.new_batch or args.batch, args.fuse_embeddings)
+        best = got.get("e2e_shared", got["kernel_only"])
+        print(f"measured here: {m.median_us / 1e3:.2f} ms (e2e_shared error {(best - m.median_us) / m.median_us:+.1%})")
+    return 0
+
+
+def _load_model(device: str, name: str):
+    from pipeline.config import model_store_root
+    from pipeline.predict import store
+
+    return store.load(model_store_root(), device, name)
+
+
+def _measure_what_if(config: str, batch: int, batched: bool):
+    from pipeline.errors import BadShapeError
+    from pipeline.workloads import dlrm
+    from pipeline.workloads.dlrm_run import measure_training_step
+
+    specs = {s.name: s for sets in dlrm.CONFIG_SETS.values() for s in sets}
+    if config not in specs:
+        raise BadShapeError(f"--measure runs DLRM configs only ({sorted(specs)}); got {config!r}")
+    return measure_training_step(specs[config], batch, batched=batched)
 
 
 def _local_slug(device: str | None) -> str:
@@ -227,6 +312,14 @@ def build_parser() -> argparse.ArgumentParser:
     pg.add_argument("--seq-max", type=int, default=8192)
     pg.add_argument("--seq-step", type=int, default=64, help="1 gives PM2Lat's full 400M-row grid")
     pg.set_defaults(fn=cmd_predict_grid)
+    w = sub.add_parser("what-if", help="predict a captured workload at another batch size or with fused lookups")
+    w.add_argument("--device", default=None, help="device slug (default: the local device)")
+    w.add_argument("--config", required=True, help="a traced config, e.g. dlrm_default-cpu or gpt2-2l-256")
+    w.add_argument("--batch", type=int, required=True, help="the captured batch size to start from")
+    w.add_argument("--new-batch", type=int, default=None, help="predict at this batch size instead")
+    w.add_argument("--fuse-embeddings", action="store_true", help="one batched EmbeddingBag (DLRM paper Fig. 11)")
+    w.add_argument("--measure", action="store_true", help="also run the transformed DLRM here and time it")
+    w.set_defaults(fn=cmd_what_if)
     ld = sub.add_parser("load", help="load a `python -m pipeline.runner` output directory into DuckDB")
     ld.add_argument("dir")
     ld.set_defaults(fn=cmd_load)

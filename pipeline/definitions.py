@@ -5,6 +5,8 @@ from assets.attention import attention_model, attention_samples
 from assets.dlrm_kernels import embedding_model, embedding_samples, memory_model, memory_samples
 from assets.evaluation import mlp_baselines, model_evaluation
 from assets.models import gemm_model, utility_model
+from assets.graph_predictions import dlrm_predictions
+from assets.overheads import overhead_model, overhead_traces
 from assets.predictions import accuracy_report, transformer_predictions
 from assets.samples import device_spec, gemm_samples, utility_samples, workload_runs
 from pipeline.jobs import characterize_device, recalibrate
@@ -18,7 +20,8 @@ from resources.warehouse import DuckDBWarehouse
 defs = dg.Definitions(
     assets=[device_spec, gemm_samples, utility_samples, attention_samples, embedding_samples, memory_samples,
             workload_runs, gemm_model, utility_model, attention_model, embedding_model, memory_model, mlp_baselines,
-            model_evaluation, transformer_predictions, accuracy_report],
+            model_evaluation, overhead_traces, overhead_model, transformer_predictions, dlrm_predictions,
+            accuracy_report],
     resources={"warehouse": DuckDBWarehouse(), "tracking": MLflowTracking(), "device_runner": DeviceRunner(),
                "model_store": ModelStore()},
     jobs=[characterize_device, recalibrate],

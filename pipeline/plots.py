@@ -119,3 +119,19 @@ def error_distribution_plot(dist) -> bytes:
         _label(ax, f"GEMM {dtype}", "relative error (%, 5 % bins)", "share of predictions (%)", loglog=False)
         ax.legend(fontsize=6)
     return _png(plt, fig, axes, len(groups))
+
+
+def step_time_vs_batch(pred) -> bytes:
+    """Per config: measured step time against batch size, with one line per predictor."""
+    groups = list(pred.groupby("config"))
+    plt, fig, axes = _fig(len(groups))
+    for ax, (config, g) in zip(axes, groups):
+        m = g.drop_duplicates("batch").sort_values("batch")
+        ax.plot(m["batch"], m["measured_ms"], "ko-", label="measured")
+        for p, gp in g.groupby("predictor", sort=False):
+            gp = gp.sort_values("batch")
+            ax.plot(gp["batch"], gp["predicted_ms"], "--", marker=".", label=p)
+        ax.set_xscale("log", base=2)
+        _label(ax, config, "batch", "ms per step")
+        ax.legend(fontsize=6)
+    return _png(plt, fig, axes, len(groups))

@@ -36,12 +36,28 @@ def render_summary(warehouse, device: str) -> str:
                 pivot = e.pivot_table(index=["layer_type", "dtype"], columns="model", values="mean_rel_err")
                 lines.append(pivot.map(lambda v: "-" if v != v else f"{v:.1%}").to_string())
     if warehouse.has_table("predictions"):
-        p = warehouse.query("SELECT config, batch, seq, predictor, predicted_ms, measured_ms, rel_err FROM predictions "
-                            "WHERE device = ? ORDER BY config, batch, seq", [device])
-        if not p.empty:
-            lines.append("\n-- GPT-2 forward: predicted vs measured (ms) --")
-            lines.append(p.to_string(index=False, formatters={"predicted_ms": "{:.2f}".format,
-                                                              "measured_ms": "{:.2f}".format,
-                                                              "rel_err": "{:+.1%}".format}))
-            lines.append(f"mean |error| {p['rel_err'].abs().mean():.1%}")
+        p = warehouse.query("SELECT * FROM predictions WHERE device = ? ORDER BY workload, config, batch, seq",
+                            [device])
+        for workload, g in p.groupby("workload", sort=False):
+            lines.append(_workload_section(workload, g))
     return "\n".join(lines)
+
+
+_TITLES = {"gpt2": "GPT-2 forward", "dlrm": "DLRM training step"}
+
+
+def _workload_section(workload: str, p) -> str:
+    """Predicted vs measured per run, one column per predictor, and Table V's summary."""
+    from pipeline.workloads.graph_predict import table_v
+
+    wide = p.pivot_table(index=["config", "batch", "seq", "measured_ms"], columns="predictor", values="rel_err")
+    wide = wide.reset_index()
+    fmt = {c: "{:+.1%}".format for c in wide.columns if c not in ("config", "batch", "seq", "measured_ms")}
+    fmt["measured_ms"] = "{:.2f}".format
+    tv = table_v(p)
+    out = [f"\n-- {_TITLES.get(workload, workload)}: error of each predictor against the measured step (ms) --",
+           wide.to_string(index=False, formatters=fmt),
+           "\nper predictor (DLRM paper Table V style): geomean / min / max |error|"]
+    out += [f"  {r.predictor}: {r.geomean_abs_err:.1%} / {r.min_abs_err:.1%} / {r.max_abs_err:.1%} (n={r.n})"
+            for r in tv.itertuples()]
+    return "\n".join(out)

@@ -23,7 +23,14 @@ SWEEPS = {  # sweep name -> table it fills
     "embedding": "embedding_samples",
     "memory": "memory_samples",
     "workloads": "workload_runs",
+    "traces": "workload_graphs",  # and overhead_samples: one capture fills both
 }
+ALSO_WRITES = {"traces": ("overhead_samples",)}
+
+
+def tables_of(sweep: str) -> tuple[str, ...]:
+    """Every table a sweep fills, its main one (SWEEPS) first."""
+    return (SWEEPS[sweep], *ALSO_WRITES.get(sweep, ()))
 
 
 def fix_threads(dev) -> None:
@@ -47,7 +54,13 @@ def warn_if_busy(dev, log=None) -> None:
 
 
 def run_sweep(sweep: str, device: str = "auto", profile: str = "quick", run_id: str | None = None,
-              log=None) -> list[dict]:
+              log=None, out_dir: str | Path | None = None) -> list[dict]:
+    """The rows of the sweep's main table (run_sweep_tables has all of them)."""
+    return run_sweep_tables(sweep, device, profile, run_id, log, out_dir)[SWEEPS[sweep]]
+
+
+def run_sweep_tables(sweep: str, device: str = "auto", profile: str = "quick", run_id: str | None = None,
+                     log=None, out_dir: str | Path | None = None) -> dict[str, list[dict]]:
     from pipeline.device.discover import identify, resolve
     from pipeline.errors import DevcharError
     from pipeline.sweeps.profiles import get_profile
@@ -83,13 +96,20 @@ def run_sweep(sweep: str, device: str = "auto", profile: str = "quick", run_id: 
         from pipeline.sweeps.attention import sweep_attention
 
         rows = sweep_attention(dev, prof, log)
+    elif sweep == "traces":
+        from pipeline.sweeps.traces import sweep_traces
+
+        tables = sweep_traces(dev, prof, log)
     else:
         from pipeline.sweeps.workload_runs import sweep_workloads
 
         rows = sweep_workloads(dev, prof, log)
-    for r in rows:
-        r["device"], r["run_id"] = dev.slug, run_id
-    return rows
+    if sweep != "traces":
+        tables = {SWEEPS[sweep]: rows}
+    for rows in tables.values():
+        for r in rows:
+            r["device"], r["run_id"] = dev.slug, run_id
+    return tables
 
 
 def write_rows(rows: list[dict], out_dir: Path, table: str) -> Path:
@@ -123,12 +143,13 @@ def main(argv: list[str] | None = None) -> int:
         try:
             for name in names:
                 t0 = time.perf_counter()
-                rows = run_sweep(name, args.device, args.profile, args.run_id, log)
-                path = write_rows(rows, Path(args.out), SWEEPS[name])
-                print(f"{name}: {len(rows)} rows -> {path} in {time.perf_counter() - t0:.1f}s", file=sys.stderr,
-                      flush=True)
-                if pipes:
-                    pipes.report_custom_message({"table": SWEEPS[name], "path": str(path), "rows": len(rows)})
+                for table, rows in run_sweep_tables(name, args.device, args.profile, args.run_id, log,
+                                                      args.out).items():
+                    path = write_rows(rows, Path(args.out), table)
+                    print(f"{name}: {len(rows)} {table} rows -> {path} in {time.perf_counter() - t0:.1f}s",
+                          file=sys.stderr, flush=True)
+                    if pipes:
+                        pipes.report_custom_message({"table": table, "path": str(path), "rows": len(rows)})
         except DevcharError as exc:  # bad input: one clear line, not a traceback
             print(f"error: {exc}", file=sys.stderr)
             return 2

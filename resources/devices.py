@@ -19,7 +19,7 @@ import pandas as pd
 
 from pipeline.config import REPO_ROOT, profile_name, reference_root
 from pipeline.errors import UnknownDeviceError
-from pipeline.runner import SWEEPS
+from pipeline.runner import SWEEPS, tables_of
 
 
 def read_rows(path: Path) -> pd.DataFrame:
@@ -45,29 +45,39 @@ class DeviceRunner(dg.ConfigurableResource):
         return self.profile or profile_name()
 
     def run(self, context: dg.AssetExecutionContext, sweep: str, device: str) -> pd.DataFrame:
+        """The sweep's main table."""
+        return self.run_tables(context, sweep, device)[SWEEPS[sweep]]
+
+    def run_tables(self, context: dg.AssetExecutionContext, sweep: str, device: str) -> dict[str, pd.DataFrame]:
+        """Every table the sweep fills (runner.tables_of), by name."""
         from pipeline.device.discover import local_devices
 
-        table = SWEEPS[sweep]
         if device not in local_devices():
-            ref = reference_file(device, table)
-            if ref is None:
-                raise UnknownDeviceError(f"device {device!r} is neither local nor has a reference calibration "
-                                         f"for {table} under {reference_root() / device}")
-            context.log.info(f"{device} is not local: loading its reference calibration {ref}")
-            return read_rows(ref).assign(device=device)
+            out = {}
+            for table in tables_of(sweep):
+                ref = reference_file(device, table)
+                if ref is None:
+                    raise UnknownDeviceError(f"device {device!r} is neither local nor has a reference calibration "
+                                             f"for {table} under {reference_root() / device}")
+                context.log.info(f"{device} is not local: loading its reference calibration {ref}")
+                out[table] = read_rows(ref).assign(device=device)
+            return out
         if self.mode == "subprocess":
             return self._run_subprocess(context, sweep, device)
-        from pipeline.runner import run_sweep
+        from pipeline.runner import run_sweep_tables
 
-        rows = run_sweep(sweep, device, self.profile_name(), context.run.run_id[:12], log=context.log.info)
-        return pd.DataFrame(rows)
+        tables = run_sweep_tables(sweep, device, self.profile_name(), context.run.run_id[:12], log=context.log.info)
+        return {t: pd.DataFrame(rows) for t, rows in tables.items()}
 
-    def _run_subprocess(self, context: dg.AssetExecutionContext, sweep: str, device: str) -> pd.DataFrame:
+    def _run_subprocess(self, context: dg.AssetExecutionContext, sweep: str, device: str) -> dict[str, pd.DataFrame]:
         with tempfile.TemporaryDirectory(prefix="devchar-runner-") as out:
             cmd = [sys.executable, "-m", "pipeline.runner", sweep, "--device", device, "--profile",
                    self.profile_name(), "--out", out, "--run-id", context.run.run_id[:12]]
             dg.PipesSubprocessClient(cwd=str(REPO_ROOT)).run(command=cmd, context=context).get_results()
-            files = sorted(Path(out).glob(f"{SWEEPS[sweep]}.*"))
-            if not files:
-                raise RuntimeError(f"runner wrote no output for sweep {sweep!r} on {device!r}")
-            return read_rows(files[0])
+            tables = {}
+            for table in tables_of(sweep):
+                files = sorted(Path(out).glob(f"{table}.*"))
+                if not files:
+                    raise RuntimeError(f"runner wrote no {table} for sweep {sweep!r} on {device!r}")
+                tables[table] = read_rows(files[0])
+            return tables

@@ -13,7 +13,7 @@ from pipeline.config import duckdb_path
 from pipeline.errors import DevcharError
 
 TABLES = ("devices", "gemm_samples", "utility_samples", "attention_samples", "embedding_samples", "memory_samples",
-          "overhead_samples", "opencl_launches", "workload_runs", "predictions", "model_errors")
+          "overhead_samples", "workload_graphs", "opencl_launches", "workload_runs", "predictions", "model_errors")
 
 
 # Columns that one kind of device leaves NULL (a CPU has no CUDA version, no tf32 peak):
@@ -60,8 +60,13 @@ class DuckDBWarehouse(dg.ConfigurableResource):
         finally:
             con.close()
 
-    def replace_partition(self, table: str, device: str, rows: pd.DataFrame) -> int:
-        """Delete `device`'s rows of `table` and insert `rows`, atomically. Other devices are untouched."""
+    def replace_partition(self, table: str, device: str, rows: pd.DataFrame, scope: str | None = None) -> int:
+        """Delete `device`'s rows of `table` and insert `rows`, atomically. Other devices are untouched.
+
+        `scope` names a column whose values in `rows` bound the delete: tables that several
+        assets write (model_errors by `model`, predictions by `workload`) replace only the
+        writer's own slice, so one asset re-materializing never erases another's rows.
+        """
         if table not in TABLES:
             raise DevcharError(f"unknown table {table!r}; expected one of {TABLES}")
         if rows.empty:
@@ -81,7 +86,15 @@ class DuckDBWarehouse(dg.ConfigurableResource):
                         dtype = con.execute(f'SELECT typeof("{col}") FROM incoming LIMIT 1').fetchone()[0]
                         dtype = "VARCHAR" if dtype == "NULL" else dtype
                         con.execute(f'ALTER TABLE {table} ADD COLUMN "{col}" {dtype}')
-                con.execute(f"DELETE FROM {table} WHERE device = ?", [device])
+                if scope is None:
+                    con.execute(f"DELETE FROM {table} WHERE device = ?", [device])
+                else:
+                    if scope not in rows:
+                        raise DevcharError(f"scope column {scope!r} is not in the rows for {table}")
+                    values = sorted(rows[scope].astype(str).unique())
+                    marks = ", ".join("?" * len(values))
+                    con.execute(f'DELETE FROM {table} WHERE device = ? AND CAST("{scope}" AS VARCHAR) IN ({marks})',
+                                [device, *values])
                 con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM incoming")
                 con.execute("COMMIT")
             except Exception:
@@ -93,12 +106,14 @@ class DuckDBWarehouse(dg.ConfigurableResource):
         with self.connect(read_only=self.db_path().exists()) as con:
             return con.execute(sql, params or []).df()
 
-    def device_rows(self, table: str, device: str, where: str = "") -> pd.DataFrame:
+    def device_rows(self, table: str, device: str, where: str = "", params: list | None = None) -> pd.DataFrame:
+        """`device`'s rows of `table`, optionally filtered by `where` (with `?` placeholders for `params`)."""
         if table not in TABLES:
             raise DevcharError(f"unknown table {table!r}; expected one of {TABLES}")
         if not self.has_table(table):
             raise DevcharError(f"table {table!r} does not exist yet; materialize it for device {device!r} first")
-        df = self.query(f"SELECT * FROM {table} WHERE device = ? {('AND ' + where) if where else ''}", [device])
+        df = self.query(f"SELECT * FROM {table} WHERE device = ? {('AND ' + where) if where else ''}",
+                        [device, *(params or [])])
         if df.empty:
             raise DevcharError(f"table {table!r} has no rows for device {device!r}; materialize it first")
         return df

@@ -124,6 +124,21 @@ def test_replace_partition_is_atomic(devchar_home):
         wh.replace_partition("gemm_samples", "d1", good.iloc[:0])
 
 
+def test_scoped_replace_spares_other_writers_rows(devchar_home):
+    """model_errors has several writers: each replaces only its own models' rows."""
+    wh = DuckDBWarehouse()
+    rows = lambda model, err: pd.DataFrame({"device": ["d1"], "run_id": ["r"], "model": [model],  # noqa: E731
+                                            "mean_rel_err": [err]})
+    wh.replace_partition("model_errors", "d1", pd.concat([rows("devchar", 0.1), rows("roofline", 0.5)]),
+                         scope="model")
+    wh.replace_partition("model_errors", "d1", rows("opencl_lm", 0.3), scope="model")
+    wh.replace_partition("model_errors", "d1", rows("opencl_lm", 0.2), scope="model")
+    got = wh.query("SELECT model, mean_rel_err FROM model_errors ORDER BY model")
+    assert got.values.tolist() == [["devchar", 0.1], ["opencl_lm", 0.2], ["roofline", 0.5]]
+    with pytest.raises(Exception, match="scope"):
+        wh.replace_partition("model_errors", "d1", rows("x", 0.1), scope="no_such_column")
+
+
 def test_devices_table_takes_cpu_then_gpu_rows(devchar_home):
     """A CPU row (NULL CUDA fields) first must not fix those columns to a type GPU values break."""
     wh = DuckDBWarehouse()

@@ -17,6 +17,22 @@ def test_runner_writes_one_file_per_sweep(tmp_path):
     assert {"bytes_read", "bytes_written", "flops", "held_out"} <= set(util.columns)
 
 
+def test_traces_sweep_writes_graphs_and_overheads(tmp_path):
+    """One capture per workload fills two tables: the graph (JSON) and its T-type overheads."""
+    import json
+
+    from pipeline.predict.graph import ExecutionGraph
+
+    assert runner.main(["traces", "--profile", "tiny", "--out", str(tmp_path), "--run-id", "t1"]) == 0
+    graphs = pd.read_parquet(tmp_path / "workload_graphs.parquet")
+    ovh = pd.read_parquet(tmp_path / "overhead_samples.parquet")
+    assert set(graphs["workload"]) == {"gpt2", "dlrm", "mlp"} and set(ovh["workload"]) == set(graphs["workload"])
+    assert set(ovh["type"]) <= {"T1", "T2", "T5"} and (ovh["us"] >= 0).all()  # CPU: no launches, no T3/T4
+    assert (ovh["profiler_overhead_us"] > 0).all() and set(ovh["run_id"]) == {"t1"}
+    g = ExecutionGraph.from_dict(json.loads(graphs["graph_json"].iloc[0])["graph"])
+    assert len(g) == graphs["n_ops"].iloc[0] and len(g.top_level()) == graphs["n_top_level"].iloc[0]
+
+
 def test_runner_rejects_unknown_sweep_and_device(tmp_path, capsys):
     assert runner.main(["conv3d", "--out", str(tmp_path)]) == 2
     assert "conv3d" in capsys.readouterr().err

@@ -1,10 +1,15 @@
 """Saved predictors: <root>/<device>/<model>/<version>/model.json (+ meta.json).
 
+Models with tensors (the OpenCL prompt models) also write their weights beside model.json
+(model.write_artifacts(dir)) and are loaded by a `from_dir(dict, dir)` named in DIR_LOADERS
+as "module:Class": imported only when such a model is loaded, so this module imports no torch.
+
 Versions sort by time, so `latest` is the last directory name. Written to a temporary
 directory first and renamed, so a crash never leaves a half-written model behind.
 """
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import shutil
@@ -18,13 +23,17 @@ from pipeline.predict.baselines import BASELINES as BASELINE_CLASSES
 from pipeline.predict.embedding import EmbeddingModel
 from pipeline.predict.gemm import GemmModel
 from pipeline.predict.memory import MemoryModel
+from pipeline.predict.overheads import OverheadModel
 from pipeline.predict.utility import UtilityModel
 
 LOADERS = {"gemm_model": GemmModel.from_dict, "utility_model": UtilityModel.from_dict,
            "attention_model": AttentionModel.from_dict, "embedding_model": EmbeddingModel.from_dict,
-           "memory_model": MemoryModel.from_dict,
+           "memory_model": MemoryModel.from_dict, "overhead_model": OverheadModel.from_dict,
            **{name: cls.from_dict for name, cls in BASELINE_CLASSES.items()}}
 BASELINES = tuple(BASELINE_CLASSES)  # the comparison models mlp_baselines fits
+DIR_LOADERS = {"opencl_lm": "pipeline.opencl_models.lm:LMModel",
+               "opencl_scratch": "pipeline.opencl_models.scratch:ScratchModel",
+               "opencl_features": "pipeline.opencl_models.trees:TreesModel"}
 
 
 def new_version(data_hash: str) -> str:
@@ -36,6 +45,8 @@ def save(root: Path, device: str, model_name: str, model, meta: dict, version: s
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=".tmp-"))
     try:
+        if hasattr(model, "write_artifacts"):  # first: model.json records the artifacts' checksums
+            model.write_artifacts(tmp)
         (tmp / "model.json").write_text(json.dumps(model.to_dict()))
         (tmp / "meta.json").write_text(json.dumps(meta, indent=2, default=str))
         if final.exists():
@@ -60,9 +71,14 @@ def _passed(version_dir: Path) -> bool:
         return False
 
 
+def _dir_loader(model_name: str):
+    module, cls = DIR_LOADERS[model_name].split(":")
+    return getattr(importlib.import_module(module), cls)
+
+
 def load(root: Path, device: str, model_name: str, version: str = "latest"):
-    if model_name not in LOADERS:
-        raise MissingModelError(f"unknown model {model_name!r}; expected one of {sorted(LOADERS)}")
+    if model_name not in LOADERS and model_name not in DIR_LOADERS:
+        raise MissingModelError(f"unknown model {model_name!r}; expected one of {sorted([*LOADERS, *DIR_LOADERS])}")
     found = versions(root, device, model_name)
     if not found:
         raise MissingModelError(f"no saved {model_name} for device {device!r} under {root}; run `devchar run` first")
@@ -77,6 +93,10 @@ def load(root: Path, device: str, model_name: str, version: str = "latest"):
     if not path.is_file():
         raise MissingModelError(f"{model_name} version {v!r} for device {device!r} not found; have {found}")
     try:
+        if model_name in DIR_LOADERS:
+            cls = _dir_loader(model_name)
+            d = json.loads(path.read_text())
+            return cls.from_dir(d, path.parent) if hasattr(cls, "from_dir") else cls.from_dict(d)
         return LOADERS[model_name](json.loads(path.read_text()))
-    except (ValueError, KeyError, TypeError) as exc:
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise MissingModelError(f"saved model {path} is corrupt: {exc}") from exc

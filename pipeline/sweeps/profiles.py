@@ -27,6 +27,10 @@ class Profile:
     workload_seqs: tuple[int, ...]
     workload_warmup: int = 5
     workload_reps: int = 25
+    # DLRM training steps (workload_runs, mode "train") and the traces of every workload
+    dlrm_configs: str = "quick"  # DLRM config set (workloads/dlrm.py)
+    dlrm_batches: tuple[int, ...] = (32, 128, 512)
+    trace_warmup: int = 3  # calls before a workload's trace is captured
     # attention_samples: seq (q = kv) in powers of two from 32, batch in powers of the step (8 heads)
     attention_max_seq: int = 256
     attention_max_batch: int = 4
@@ -34,6 +38,20 @@ class Profile:
     attention_max_point_flops: float = 1e8  # larger (batch, seq) points are skipped and filled at fit time
     attention_heldout: int = 12  # random shapes per (backend, dtype), never used for fitting
     attention_timing: TimingSpec = TimingSpec(warmup_s=0.005, budget_s=0.02, min_reps=3, max_reps=50, min_block_s=2e-4)
+    # opencl_launches (LLMPerf II): generated kernels x {simple, memory} argument plans x work-group
+    # sizes x N_WG draws (25:60:15) + IQR-rebalancing points; benchmark kernels at several sizes.
+    opencl_kernels: int = 24  # generated kernels (of corpus.corpus_size())
+    opencl_lsizes: int = 2  # work-group sizes per (kernel, method)
+    opencl_settings: int = 4  # N_WG draws per (plan, lsize), before duplicates are dropped
+    opencl_rebalance: int = 2  # IQR-rebalancing bins per (plan, lsize)
+    opencl_memory_plans: int = 1  # valid scalar combinations kept per (kernel, lsize)
+    opencl_max_combos: int = 12  # scalar combinations probed per (kernel, lsize)
+    opencl_full_k: int = 8  # the full-utilization point is k * N_CU work-groups
+    opencl_max_lsize: int = 256
+    opencl_max_buffer_mb: int = 64  # launches needing more buffer memory are not generated
+    opencl_bench_sizes: tuple[int, ...] = (1 << 10, 1 << 13, 1 << 16)  # benchmark input sizes
+    opencl_launch_timeout_s: float = 2.0  # one run of one launch; a hung kernel costs this much
+    opencl_timing: TimingSpec = TimingSpec(warmup_s=0.0, budget_s=0.01, min_reps=5, max_reps=25)
 
 
 POW2_K = tuple(2**i for i in range(5, 14))  # 32 ... 8192, PM2Lat's grid
@@ -50,8 +68,12 @@ PROFILES = {
         utility_heldout_per_op=2, gemm_timing=TimingSpec(warmup_s=0.0, budget_s=0.005, min_reps=3, max_reps=20),
         utility_timing=TimingSpec(warmup_s=0.0, budget_s=0.005, min_reps=3, max_reps=20),
         workload_configs="tiny", workload_batches=(1, 2), workload_seqs=(16,), workload_warmup=1, workload_reps=3,
+        dlrm_configs="tiny", dlrm_batches=(4, 8), trace_warmup=1,
         attention_max_seq=64, attention_max_batch=2, attention_max_point_flops=1e7, attention_heldout=2,
         attention_timing=TimingSpec(warmup_s=0.0, budget_s=0.002, min_reps=3, max_reps=10),
+        opencl_kernels=6, opencl_lsizes=1, opencl_settings=3, opencl_rebalance=0, opencl_max_combos=6,
+        opencl_max_lsize=64, opencl_max_buffer_mb=16, opencl_bench_sizes=(1 << 10,), opencl_launch_timeout_s=2.0,
+        opencl_timing=TimingSpec(warmup_s=0.0, budget_s=0.001, min_reps=3, max_reps=5),
     ),
     "quick": Profile(
         name="quick", k_values=CPU_K, wave_step=4, max_gemm_outputs=1 << 25, max_point_flops=4e9,
@@ -69,8 +91,14 @@ PROFILES = {
         gemm_timing=TimingSpec(warmup_s=0.1, budget_s=0.5, min_reps=25, max_reps=10000, flush_l2=True),
         utility_timing=TimingSpec(warmup_s=0.05, budget_s=0.2, min_reps=25, max_reps=10000, flush_l2=True),
         workload_configs="full", workload_batches=(1, 4, 8), workload_seqs=(128, 512),
+        dlrm_configs="full", dlrm_batches=(512, 1024, 2048, 4096),
         attention_max_seq=8192, attention_max_batch=64, attention_max_point_flops=1e15, attention_heldout=200,
         attention_timing=TimingSpec(warmup_s=0.05, budget_s=0.2, min_reps=25, max_reps=10000, flush_l2=True),
+        # the whole corpus (~2400 kernels) x 2 methods x 4 lsizes x (16 + 4): ~10^5-10^6 launches, resumable
+        opencl_kernels=1_000_000, opencl_lsizes=4, opencl_settings=16, opencl_rebalance=4, opencl_memory_plans=4,
+        opencl_max_combos=36, opencl_max_lsize=1024, opencl_max_buffer_mb=512,
+        opencl_bench_sizes=tuple(1 << i for i in range(10, 23)), opencl_launch_timeout_s=10.0,
+        opencl_timing=TimingSpec(warmup_s=0.01, budget_s=0.1, min_reps=10, max_reps=100),
     ),
 }
 
@@ -91,8 +119,10 @@ CUDA_OVERRIDES = {
     "quick": dict(k_values=POW2_K, wave_step=2, max_gemm_outputs=1 << 27, max_point_flops=2e12, heldout_max_mn=8192,
                   heldout_max_k=2000, heldout_max_bmm=1024, utility_max_elems=1 << 26, gemm_timing=_GPU_TIMING,
                   utility_timing=_GPU_TIMING, workload_configs="full",
+                  dlrm_configs="full", dlrm_batches=(512, 1024, 2048),
                   attention_max_seq=8192, attention_max_batch=64, attention_batch_step=4,
-                  attention_max_point_flops=2e12, attention_heldout=40, attention_timing=_GPU_ATTENTION_TIMING),
+                  attention_max_point_flops=2e12, attention_heldout=40, attention_timing=_GPU_ATTENTION_TIMING,
+                  opencl_full_k=40),  # the paper's N_WG > 40 x N_SM
 }
 
 

@@ -130,15 +130,26 @@ def _dtype(s: str) -> str | None:
 
 
 def _et_inputs(node: dict):
-    """(shapes, dtypes, tensor ids) of an execution-trace node's inputs; non-tensors -> None."""
+    """(shapes, dtypes, tensor ids, scalars) of an execution-trace node's inputs.
+
+    A tensor's shape is a list of ints; a tensor list's (cat, stack) a list of such shapes,
+    its dtype the first element's. `scalars` keeps Int/Double/Bool argument values (None
+    elsewhere): index_select's dim and embedding_bag_backward's num_weights live only there.
+    """
     ins = node.get("inputs", {})
-    shapes, dtypes, ids = [], [], []
+    shapes, dtypes, ids, scalars = [], [], [], []
     for v, s, t in zip(ins.get("values", ()), ins.get("shapes", ()), ins.get("types", ())):
         tensor = t.startswith("Tensor(")
-        shapes.append([int(d) for d in s] if tensor else None)
-        dtypes.append(_dtype(t) if tensor else None)
+        tensors = t.startswith("GenericList[Tensor(") and isinstance(s, list) and all(isinstance(x, list) for x in s)
+        if tensors:
+            shapes.append([[int(d) for d in x] for x in s])
+            dtypes.append(_dtype(t[len("GenericList["):].split(",")[0].rstrip("]")))
+        else:
+            shapes.append([int(d) for d in s] if tensor else None)
+            dtypes.append(_dtype(t) if tensor else None)
         ids.append(int(v[0]) if tensor and isinstance(v, list) and v else None)
-    return shapes, dtypes, ids
+        scalars.append(v if t in ("Int", "Double", "Bool") and isinstance(v, (int, float)) else None)
+    return shapes, dtypes, ids, scalars
 
 
 def _et_outputs(node: dict) -> list[int]:
@@ -188,7 +199,7 @@ def _build(trace: dict, et_nodes: dict[int, dict] | None, timing: dict | None,
             timed, self_us, times_source = t_events, t_self, "timing run"
         else:
             notes.append("the timing run ran other ops than the execution-trace run: times from the latter")
-    shapes, dtypes, times, in_ids, out_ids = {}, {}, {}, {}, {}
+    shapes, dtypes, scalars, times, in_ids, out_ids = {}, {}, {}, {}, {}, {}
     op_of_rf = {e["args"]["Record function id"]: i for i, e in enumerate(events)
                 if e.get("args", {}).get("Record function id") is not None}
     rf_of_node = {n["id"]: rf for rf, n in (et_nodes or {}).items()}
@@ -197,7 +208,7 @@ def _build(trace: dict, et_nodes: dict[int, dict] | None, timing: dict | None,
         args = e.get("args", {})
         node = (et_nodes or {}).get(args.get("Record function id"))
         if node is not None and node.get("name") == e["name"]:
-            shapes[i], dtypes[i], in_ids[i] = _et_inputs(node)
+            shapes[i], dtypes[i], in_ids[i], scalars[i] = _et_inputs(node)
             out_ids[i] = _et_outputs(node)
             # Cross-check the interval nesting against the observer's own call tree (ctrl_deps).
             mismatches += op_of_rf.get(rf_of_node.get(node.get("ctrl_deps"))) != parent[i]
@@ -210,7 +221,7 @@ def _build(trace: dict, et_nodes: dict[int, dict] | None, timing: dict | None,
               kernels=[Kernel(e["name"], round(times[i]["self_us"], 3), launch="inline")])
            for i, e in enumerate(events)]
     used_et = bool(in_ids)
-    info = {"shapes": shapes, "dtypes": dtypes, "times": times, "times_source": times_source,
+    info = {"shapes": shapes, "dtypes": dtypes, "scalars": scalars, "times": times, "times_source": times_source,
             "source": "execution_trace" if used_et else "profiler",
             "deps_source": "execution_trace tensor ids" if used_et else "none",
             "et_matched": len(in_ids), "et_parent_mismatches": mismatches if used_et else None}

@@ -54,6 +54,8 @@ class GPT2Spec:
 # 4l-512 ~400 ms); a third config (3l-384, ~14 s more) would leave too little headroom
 # under the 60 s budget. The 50257-wide LM head is 66-88% of the GEMM FLOPs at these sizes.
 QUICK_CONFIGS: tuple[GPT2Spec, ...] = (
+    # A small model where, at batch 1, host overhead is a large share of the step (issue 4).
+    GPT2Spec("gpt2-1l-128", n_layer=1, n_embd=128, n_head=2),
     GPT2Spec("gpt2-2l-256", n_layer=2, n_embd=256, n_head=4),
     GPT2Spec("gpt2-4l-512", n_layer=4, n_embd=512, n_head=8),
 )

@@ -37,7 +37,7 @@ def _call(fn_or_module, inputs):
 
 def predict_module(fn_or_module, inputs, gemm_model, utility_model, overheads: OverheadModel | None,
                    dtype: str = "float32", *, keep_unmapped: bool = False, warmup: int = 2,
-                   execution_trace: bool = True, separate_timing: bool = True) -> dict[str, Any]:
+                   execution_trace: bool = True, separate_timing: bool = True, extra=None) -> dict[str, Any]:
     """capture -> price_graph -> critical_path(synchronous=True).
 
     Returns e2e_us, kernel_only_us (sum of re-priced kernels), coverage (price.py), per_op
@@ -46,7 +46,7 @@ def predict_module(fn_or_module, inputs, gemm_model, utility_model, overheads: O
     overhead included) and capture_info (notes, source, shapes...; the Chrome trace is under
     capture_info["trace"]). `overheads=None` predicts with every overhead 0. Measured times
     come from an observer-free call by default (separate_timing, see capture): they feed only
-    coverage, keep_unmapped and measured_us.
+    coverage, keep_unmapped and measured_us. `extra`: more op mappings (price_recsys.RecsysOps).
     """
     import torch
 
@@ -56,7 +56,8 @@ def predict_module(fn_or_module, inputs, gemm_model, utility_model, overheads: O
         graph, info = capture(call, warmup=warmup, execution_trace=execution_trace,
                               separate_timing=separate_timing)
     priced, coverage = price_graph(graph, info["shapes"], gemm_model, utility_model, dtype,
-                                   keep_unmapped=keep_unmapped)
+                                   keep_unmapped=keep_unmapped, scalars=info.get("scalars"), extra=extra,
+                                   synchronous=True)
     e2e = critical_path(priced, overheads if overheads is not None else NO_OVERHEADS, synchronous=True)
     per_op = pd.DataFrame(coverage["ops"])
     per_op.insert(2, "parent", [graph.op(i).parent for i in per_op["id"]])

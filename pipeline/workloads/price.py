@@ -1,14 +1,15 @@
 """Re-price a captured execution graph's kernels with devchar's models (no torch here).
 
-Each op's kernel (its self time, see capture.py) gets one of five fates, recorded per op:
-  priced     a GEMM or utility model predicts it from the op's input shapes;
+Each op's kernel (its self time, see capture.py) gets one of six fates, recorded per op:
+  priced     a GEMM or utility model (or an ExtraOps mapping) predicts it from its input shapes;
   free       the op launches no work (views, metadata, allocation) or touches no element;
   delegated  a composite op whose work is done, and priced, by a descendant
              (aten::linear -> aten::addmm, aten::layer_norm -> aten::native_layer_norm,
              aten::clone -> aten::copy_), so the work is not counted twice;
+  covered    inside an op whose prediction includes its whole subtree (ExtraOps.covers);
   kept       unmapped (or no calibration for it), measured time kept: keep_unmapped=True;
   dropped    unmapped, priced 0: the default.
-Free and delegated ops lose their kernel (0 µs, and nothing for Algorithm 1 to launch).
+Free, delegated and covered ops lose their kernel (0 µs, and nothing for Algorithm 1 to launch).
 Predicted times of priced ops come only from the models, never from the measured times, so
 a graph captured on one device predicts another; measured times feed only `coverage`.
 """
@@ -17,6 +18,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from dataclasses import replace
+from typing import Protocol
 
 from pipeline.errors import MissingModelError
 from pipeline.predict.graph import ExecutionGraph
@@ -39,8 +41,10 @@ UTILITY.update({"aten::embedding": "embedding", "aten::index_select": "embedding
 # relu, compare/select -> add. Listed apart so a report can tell proxies from exact matches.
 PROXY = {f"aten::{a}": op for op, names in {
     "silu": ("tanh", "tanh_", "exp", "sigmoid", "log", "rsqrt", "sqrt", "erf"),
-    "relu": ("neg", "abs", "pow", "reciprocal", "square"),
-    "add": ("where", "masked_fill", "masked_fill_", "eq", "ne", "lt", "le", "gt", "ge")}.items() for a in names}
+    "relu": ("neg", "abs", "pow", "reciprocal", "square", "fill_", "zero_"),
+    "add": ("where", "masked_fill", "masked_fill_", "eq", "ne", "lt", "le", "gt", "ge", "threshold_backward",
+            "sum", "mean", "cumsum"),
+    "mul": ("sigmoid_backward", "binary_cross_entropy", "binary_cross_entropy_backward")}.items() for a in names}
 UTILITY.update(PROXY)
 # Ops that move no data themselves. aten::dropout is here because in eval it returns its
 # input, and in training its work is its aten::native_dropout child; aten::contiguous and
@@ -51,7 +55,7 @@ FREE = {f"aten::{a}" for a in (
     "unsqueeze", "squeeze", "select", "slice", "narrow", "split", "split_with_sizes", "chunk", "unbind",
     "flatten", "unflatten", "contiguous", "dropout", "to", "type_as", "lift_fresh", "resolve_conj",
     "resolve_neg", "result_type", "size", "stride", "numel", "dim")}
-STATUSES = ("priced", "free", "delegated", "kept", "dropped")
+STATUSES = ("priced", "free", "delegated", "covered", "kept", "dropped")
 
 
 def _numel(shape) -> int:
@@ -99,6 +103,22 @@ def utility_dims(name: str, shapes: list) -> tuple[int, int] | None:
     return _numel(s[:-1]), s[-1]
 
 
+class ExtraOps(Protocol):
+    """More op mappings for price_graph, tried before the GEMM/utility tables (price_recsys.py).
+
+    `map` is model-free (so host-time extraction can classify ops on a device with no
+    models): None when the op is not its to price, else (model op, dims). `covers` names
+    ops whose whole subtree the mapped op's prediction already includes (their children are
+    marked "covered"). `predict` returns µs; it may raise MissingModelError.
+    """
+
+    covers: frozenset[str]
+
+    def map(self, name: str, shapes: list, scalars: list | None) -> tuple[str, tuple] | None: ...
+
+    def predict(self, model_op: str, dims: tuple, dtype: str) -> float: ...
+
+
 def _family(name: str) -> str | None:
     return "gemm" if name in GEMM else UTILITY.get(name)
 
@@ -113,15 +133,48 @@ def _descendant_work(graph: ExecutionGraph) -> dict[int, set[str]]:
     return below
 
 
-def price_graph(graph: ExecutionGraph, shapes: dict, gemm_model, utility_model, dtype: str,
-                *, keep_unmapped: bool = False) -> tuple[ExecutionGraph, dict]:
-    """Re-priced graph and coverage (see module doc). `shapes`: op id -> input shapes."""
+def classify_graph(graph: ExecutionGraph, shapes: dict, scalars: dict | None = None,
+                   extra: ExtraOps | None = None) -> dict[int, tuple]:
+    """Op id -> (status, model op, dims, reason), from names and shapes only (no models).
+
+    Status is "priced" for an op a model can price (given a calibration), else free,
+    delegated, covered (inside an `extra.covers` op) or unmapped."""
     below = _descendant_work(graph)
+    scalars = scalars or {}
+    out: dict[int, tuple] = {}
+    for op in graph.ops:
+        if op.parent is not None and out[op.parent][0] in ("priced", "covered") and \
+                (out[op.parent][0] == "covered" or (extra is not None and graph.op(op.parent).name in extra.covers)):
+            out[op.id] = ("covered", None, None, f"inside {graph.op(op.parent).name}")
+            continue
+        mapped = extra.map(op.name, shapes.get(op.id), scalars.get(op.id)) if extra is not None else None
+        out[op.id] = ("priced", mapped[0], mapped[1], "extra") if mapped else _map_one(op.name, shapes.get(op.id),
+                                                                                       below[op.id])
+    return out
+
+
+def price_graph(graph: ExecutionGraph, shapes: dict, gemm_model, utility_model, dtype: str,
+                *, keep_unmapped: bool = False, scalars: dict | None = None, extra: ExtraOps | None = None,
+                synchronous: bool = False) -> tuple[ExecutionGraph, dict]:
+    """Re-priced graph and coverage (see module doc). `shapes`: op id -> input shapes.
+
+    `synchronous` (the CPU as the device): an unmapped op launches nothing, so it keeps no
+    kernel; its time is host time, which the overhead model's T2/T5 carry (host_time.py)."""
+    classes = classify_graph(graph, shapes, scalars, extra)
     new: dict[int, float] = {}
     records = []
     for op in graph.ops:
-        status, model_op, dims, why, new[op.id] = _price_one(op.name, shapes.get(op.id), below[op.id], gemm_model,
-                                                             utility_model, dtype)
+        status, model_op, dims, why = classes[op.id]
+        new[op.id] = 0.0
+        if status == "priced":
+            try:
+                if why == "extra":
+                    new[op.id] = float(extra.predict(model_op, dims, dtype))
+                else:
+                    model = gemm_model.predict if op.name in GEMM else utility_model.predict
+                    new[op.id] = float(model(model_op, dtype, *dims))
+            except MissingModelError:
+                status, why = "unmapped", f"no calibration for {model_op}/{dtype}"
         if status == "unmapped":
             status = "kept" if keep_unmapped else "dropped"
             new[op.id] = sum(k.time_us for k in op.kernels) if keep_unmapped else 0.0
@@ -129,42 +182,39 @@ def price_graph(graph: ExecutionGraph, shapes: dict, gemm_model, utility_model, 
                         "why": why, "measured_us": sum(k.time_us for k in op.kernels), "predicted_us": new[op.id]})
 
     # Ops that do no work of their own launch nothing on any device: no kernel, so Algorithm 1
-    # charges them no launch overhead (T2-T4). A dropped op keeps a 0 µs kernel: it does launch.
+    # charges them no launch overhead (T2-T4). A dropped op keeps a 0 µs kernel on a GPU: it
+    # does launch something.
     status = {r["id"]: r["status"] for r in records}
-    ops = [replace(op, kernels=()) if status[op.id] in ("free", "delegated") else
+    launchless = {"free", "delegated", "covered"} | ({"dropped"} if synchronous else set())
+    ops = [replace(op, kernels=()) if status[op.id] in launchless else
            replace(op, kernels=tuple(replace(k, time_us=new[op.id] / len(op.kernels)) for k in op.kernels))
            for op in graph.ops]  # one kernel per captured op; split evenly if a graph has more
     return ExecutionGraph(ops), _coverage(records)
 
 
-def _price_one(name, shp, below, gemm_model, utility_model, dtype):
-    """(status, model op, dims, reason, predicted µs): from the name and shapes alone, so a
-    mapped op's measured time cannot leak into its prediction."""
+def _map_one(name, shp, below):
+    """(status, model op, dims, reason) from the name and shapes alone, so a mapped op's
+    measured time cannot leak into its prediction."""
     if name in FREE:
-        return "free", None, None, "no work of its own", 0.0
+        return "free", None, None, "no work of its own"
     # Delegated only to the same family: aten::mul's child copy_ (a 0-d scalar converted to the
     # tensor's dtype) or addmm's bias copy_ is extra work, not the op's own.
     if _family(name) in below:
-        return "delegated", None, None, "priced at a descendant", 0.0
+        return "delegated", None, None, "priced at a descendant"
     if name not in GEMM and name not in UTILITY:
-        return "unmapped", None, None, "no mapping", 0.0
+        return "unmapped", None, None, "no mapping"
     if shp is None:
-        return "unmapped", None, None, "no shapes recorded", 0.0
+        return "unmapped", None, None, "no shapes recorded"
     if name in GEMM:
         g = gemm_dims(name, shp)
         model_op, dims = (g[0], g[1:]) if g else (None, None)
     else:
         model_op, dims = UTILITY[name], utility_dims(name, shp)
     if dims is None:
-        return "unmapped", None, None, f"shapes {shp} do not fit", 0.0
+        return "unmapped", None, None, f"shapes {shp} do not fit"
     if 0 in dims:
-        return "free", model_op, dims, "zero-size", 0.0
-    try:
-        model = gemm_model.predict if name in GEMM else utility_model.predict
-        predicted = float(model(model_op, dtype, *dims))
-    except MissingModelError:
-        return "unmapped", model_op, dims, f"no calibration for {model_op}/{dtype}", 0.0
-    return "priced", model_op, dims, "", predicted
+        return "free", model_op, dims, "zero-size"
+    return "priced", model_op, dims, ""
 
 
 def _coverage(records: list[dict]) -> dict:

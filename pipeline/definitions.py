@@ -5,6 +5,7 @@ from assets.attention import attention_model, attention_samples
 from assets.dlrm_kernels import embedding_model, embedding_samples, memory_model, memory_samples
 from assets.evaluation import mlp_baselines, model_evaluation
 from assets.models import gemm_model, utility_model
+from assets.opencl import opencl_launches
 from assets.graph_predictions import dlrm_predictions
 from assets.overheads import overhead_model, overhead_traces
 from assets.predictions import accuracy_report, transformer_predictions
@@ -21,7 +22,7 @@ defs = dg.Definitions(
     assets=[device_spec, gemm_samples, utility_samples, attention_samples, embedding_samples, memory_samples,
             workload_runs, gemm_model, utility_model, attention_model, embedding_model, memory_model, mlp_baselines,
             model_evaluation, overhead_traces, overhead_model, transformer_predictions, dlrm_predictions,
-            accuracy_report],
+            accuracy_report, opencl_launches],
     resources={"warehouse": DuckDBWarehouse(), "tracking": MLflowTracking(), "device_runner": DeviceRunner(),
                "model_store": ModelStore()},
     jobs=[characterize_device, recalibrate],

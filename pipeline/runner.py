@@ -24,6 +24,7 @@ SWEEPS = {  # sweep name -> table it fills
     "memory": "memory_samples",
     "workloads": "workload_runs",
     "traces": "workload_graphs",  # and overhead_samples: one capture fills both
+    "opencl": "opencl_launches",
 }
 ALSO_WRITES = {"traces": ("overhead_samples",)}
 
@@ -100,6 +101,10 @@ def run_sweep_tables(sweep: str, device: str = "auto", profile: str = "quick", r
         from pipeline.sweeps.traces import sweep_traces
 
         tables = sweep_traces(dev, prof, log)
+    elif sweep == "opencl":  # resumable: a checkpoint under out_dir
+        from pipeline.sweeps.opencl.sweep import sweep_opencl
+
+        rows = sweep_opencl(dev, prof, log, out_dir)
     else:
         from pipeline.sweeps.workload_runs import sweep_workloads
 

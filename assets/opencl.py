@@ -1,0 +1,58 @@
+"""opencl_launches: the OpenCL launch dataset (LLMPerf section II) of a device.
+
+The `opencl` sweep runs where the device is (pipeline/sweeps/opencl): generated kernels
+with simple and memory-analysis arguments over 25:60:15 launch settings plus IQR
+rebalancing, and benchmark kernels over input sizes. Failed launches (build errors,
+time-outs, crashes, invalid arguments) are rows too, with their status.
+"""
+import numpy as np
+import pandas as pd
+
+import dagster as dg
+from assets.common import md_table
+from assets.samples import device_spec, store_sweep
+from pipeline.partitions import devices
+from resources.devices import DeviceRunner
+from resources.warehouse import DuckDBWarehouse
+
+ASSET = "opencl_launches"
+MAX_FAILED_SHARE = 0.10  # above this the sweep's kernels or limits need a look (a warning)
+
+CHECKS = [
+    dg.AssetCheckSpec("finite_positive", asset=ASSET, blocking=True,
+                      description="every successful launch has a finite timing > 0"),
+    dg.AssetCheckSpec("some_launches_ok", asset=ASSET, blocking=True,
+                      description="at least one launch succeeded"),
+    dg.AssetCheckSpec("failed_share", asset=ASSET,
+                      description=f"share of launches that did not succeed <= {MAX_FAILED_SHARE:.0%}"),
+]
+
+
+def launch_checks(df: pd.DataFrame) -> list[dg.AssetCheckResult]:
+    ok = df["status"] == "ok"
+    t = df.loc[ok, ["median_us", "p20_us", "p80_us"]].to_numpy(float)
+    bad = int((~np.isfinite(t) | (t <= 0)).any(axis=1).sum())
+    failed = float((~ok).mean()) if len(df) else 1.0
+    return [
+        dg.AssetCheckResult(check_name="finite_positive", passed=bad == 0, metadata={"bad_rows": bad}),
+        dg.AssetCheckResult(check_name="some_launches_ok", passed=bool(ok.any()), metadata={"ok_rows": int(ok.sum())}),
+        dg.AssetCheckResult(check_name="failed_share", passed=failed <= MAX_FAILED_SHARE,
+                            severity=dg.AssetCheckSeverity.WARN, metadata={"failed_share": failed}),
+    ]
+
+
+@dg.asset(partitions_def=devices, group_name="characterize", kinds={"opencl", "duckdb"}, deps=[device_spec],
+          check_specs=CHECKS)
+def opencl_launches(context: dg.AssetExecutionContext, device_runner: DeviceRunner,
+                    warehouse: DuckDBWarehouse) -> dg.MaterializeResult:
+    """One row per OpenCL launch: kernel source, arguments, gsize/lsize, status and timings."""
+    df = store_sweep(context, device_runner, warehouse, "opencl", ASSET)
+    by_status = df.groupby(["suite", "status"]).size().rename("rows").reset_index()
+    by_family = (df[df["status"] == "ok"].groupby(["suite", "family", "arg_method"])
+                 .agg(rows=("median_us", "size"), kernels=("kernel_id", "nunique"),
+                      median_us=("median_us", "median")).reset_index())
+    return dg.MaterializeResult(
+        metadata={"rows": len(df), "kernels": int(df["kernel_id"].nunique()),
+                  "ok_rows": int((df["status"] == "ok").sum()), "rows_by_status": md_table(by_status),
+                  "ok_by_family": md_table(by_family)},
+        check_results=launch_checks(df))

@@ -1,0 +1,6 @@
+"""Errors of the OpenCL launch dataset, in the DevcharError family (parse errors: clang_ast.KernelParseError)."""
+from pipeline.errors import DevcharError
+
+
+class UnsupportedArgError(DevcharError, ValueError):
+    """A kernel argument type the sweep cannot allocate or pass (named in the message)."""

@@ -141,6 +141,18 @@ def test_hung_and_crashing_kernels_are_contained(runner):
     assert [r.status for r in done] == ["ok", "ok"] and all(np.all(r.times_us > 0) for r in done)
 
 
+@needs_pocl
+def test_memory_limit_turns_a_huge_buffer_into_a_launch_error():
+    from pipeline.harness.timer import TimingSpec
+    from pipeline.sweeps.opencl.execute import KernelRunner, Launch, Limits
+
+    ok = "__kernel void f(__global float* a) { int i = get_global_id(0); a[i] = sqrt(a[i]); }"
+    huge = [{"name": "a", "type": "__global float *", "kind": "global", "element": "float", "elements": 1 << 30}]
+    with KernelRunner(Limits(launch_timeout_s=5, mem_limit_mb=1024), TimingSpec(budget_s=0.0, min_reps=3)) as r:
+        res = r.run(ok, "f", [Launch(1024, 64, huge)])
+    assert res[0].status == "launch_error" and "Memory" in res[0].error
+
+
 def test_corpus_is_deterministic_and_distinct():
     a, b = corpus.generate(60, seed=3), corpus.generate(60, seed=3)
     assert [k.source for k in a] == [k.source for k in b]

@@ -37,7 +37,8 @@ def fill(element: str, elements: int, seed: int, modulo: int | None = None) -> n
     dtype, lanes = element_dtype(element)
     n = elements * lanes
     if np.issubdtype(dtype, np.floating):
-        return np.random.default_rng(seed).random(n, dtype=np.float64).astype(dtype)
+        gen_dtype = np.float32 if dtype == np.float32 else np.float64
+        return np.random.default_rng(seed).random(n, dtype=gen_dtype).astype(dtype, copy=False)
     step = 1_000_003 if elements % 1_000_003 else 999_983  # coprime with n: (i*step) mod n is a permutation
     vals = (np.arange(n, dtype=np.int64) // lanes * step + seed) % max(min(elements, modulo or elements), 1)
     return vals.astype(dtype)
@@ -129,6 +130,18 @@ class _Device:
         return times, out
 
 
+def _die_with_parent() -> None:
+    """Linux: SIGKILL this worker when the sweep process dies, so a kernel spinning in an
+    endless loop cannot outlive a killed sweep on a shared machine."""
+    try:
+        import ctypes
+        import signal
+
+        ctypes.CDLL(None).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
 def serve(conn) -> None:
     mem_limit_mb, timing, device_type = conn.recv()
     # Containment: a runaway allocation fails here instead of taking the machine's memory,
@@ -136,6 +149,7 @@ def serve(conn) -> None:
     limit = int(mem_limit_mb) << 20
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    _die_with_parent()
     device = _Device(device_type)
     while True:
         msg = conn.recv()

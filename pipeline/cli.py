@@ -172,7 +172,11 @@ def cmd_what_if(args) -> int:
 
     device = _local_slug(args.device)
     wh = _warehouse()
-    graphs = wh.device_rows("workload_graphs", device, "config = ?", [args.config])
+    graphs = wh.device_rows("workload_graphs", device)
+    if args.config not in set(graphs["config"]):
+        raise BadShapeError(f"no captured graph of config {args.config!r} for {device}; "
+                            f"traced configs: {sorted(set(graphs['config']))}")
+    graphs = graphs[graphs["config"] == args.config]
     by_batch = {int(r["batch"]): r for r in graphs.to_dict("records")}
     if args.batch not in by_batch:
         raise BadShapeError(f"no captured graph of {args.config!r} at batch={args.batch} for {device}; "
@@ -193,7 +197,11 @@ def cmd_what_if(args) -> int:
     show(f"{args.config} batch={args.batch} as captured", graph, shapes, scalars)
     label = f"{args.config}"
     if args.new_batch:
-        other = min((b for b in by_batch if b != args.batch), key=lambda b: abs(b - args.new_batch), default=None)
+        # the second point: another captured batch, not the target itself (so a target that was
+        # captured checks the transform rather than reading the answer back)
+        others = [b for b in by_batch if b not in (args.batch, args.new_batch)] or \
+            [b for b in by_batch if b != args.batch]
+        other = min(others, key=lambda b: abs(b - args.new_batch), default=None)
         if other is None:
             raise BadShapeError(f"{args.config!r} was captured at one batch size only; a batch what-if needs two")
         og, oshapes, _ = gp.load_graph(by_batch[other]["graph_json"])
@@ -204,6 +212,9 @@ def cmd_what_if(args) -> int:
         graph, shapes, scalars = fuse_embedding_bags(graph, shapes, scalars)
         label += " with one batched EmbeddingBag"
     got = show(label, graph, shapes, scalars)
+    if args.new_batch in by_batch and not args.fuse_embeddings:
+        g2, s2, c2 = gp.load_graph(by_batch[args.new_batch]["graph_json"])
+        show(f"  check: the graph captured at batch={args.new_batch}", g2, s2, c2)
     if args.measure:
         m = _measure_what_if(args.config, args.new_batch or args.batch, args.fuse_embeddings)
         best = got.get("e2e_shared", got["kernel_only"])

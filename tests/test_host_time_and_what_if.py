@@ -150,3 +150,23 @@ def test_predict_runs_three_predictors_and_table_v(dlrm_captures):
     tv = table_v(pred)
     assert {"kernel_only", "e2e_individual", "e2e_shared"} <= set(tv["predictor"])
     assert (tv["min_abs_err"] <= tv["geomean_abs_err"] + 1e-12).all()
+
+
+def test_gpu_trace_kernels_go_to_the_op_that_launched_them():
+    """capture's graph from a GPU-style trace: device events attributed through their launch's
+    correlation id to the innermost op around the launch; Algorithm 1 then spans the trace."""
+    from pathlib import Path
+
+    from pipeline.predict.critical_path import critical_path
+    from pipeline.predict.overheads import OverheadModel, extract_overheads
+    from pipeline.workloads.capture import _build
+
+    trace = json.loads((Path(__file__).parent / "fixtures" / "gpu_style_trace.json").read_text())
+    graph, info = _build(trace, None, None, [])
+    kernels = {op.name: [k.name for k in op.kernels] for op in graph if op.kernels}
+    assert kernels == {"aten::addmm": ["volta_sgemm_128x64_nn", "splitKreduce_kernel"],
+                       "aten::relu": ["clamp_min_kernel"], "aten::copy_": ["Memcpy HtoD (Pageable -> Device)"]}
+    assert graph.by_name("aten::copy_")[0].kernels[0].launch == "cudaMemcpyAsync"
+    e2e = critical_path(graph, OverheadModel.fit(extract_overheads(trace)))
+    assert e2e.active_us == 50 + 4 + 3 + 30
+    assert abs(e2e.e2e_us - 130.0) / 130.0 < 0.1  # the trace spans 100 .. 230 µs

@@ -78,10 +78,16 @@ def capture(fn: Callable[[], Any], *, warmup: int = 2, execution_trace: bool = T
 
 def _profile(fn, tmp: str, et) -> dict:
     """One profiled call of fn; its Chrome trace as a dict."""
+    import torch
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CPU], record_shapes=True, execution_trace_observer=et) as prof:
+    # CUDA activity too where a GPU is present: its kernels and launches are what T2-T5 and
+    # the graph's kernels come from. (A CPU-only workload on a GPU machine just has none.)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    with profile(activities=activities, record_shapes=True, execution_trace_observer=et) as prof:
         fn()
+        if len(activities) > 1:
+            torch.cuda.synchronize()  # the step's kernels finish inside the trace
     path = os.path.join(tmp, "trace.json")
     prof.export_chrome_trace(path)
     with open(path) as f:
@@ -217,8 +223,12 @@ def _build(trace: dict, et_nodes: dict[int, dict] | None, timing: dict | None,
         times[i] = {"ts": timed[i]["ts"], "dur": timed[i]["dur"], "self_us": self_us[i]}
 
     deps = _data_deps(events, in_ids, out_ids)
+    device = _device_kernels(trace, events)
+    if device is not None:  # a GPU trace: each op owns the kernels its own launches issued
+        notes.append("kernels from the device's trace events, attributed to the op whose launch issued them")
     ops = [Op(i, e["name"], parent=parent[i], deps=deps.get(i, ()),
-              kernels=[Kernel(e["name"], round(times[i]["self_us"], 3), launch="inline")])
+              kernels=device.get(i, []) if device is not None else
+              [Kernel(e["name"], round(times[i]["self_us"], 3), launch="inline")])
            for i, e in enumerate(events)]
     used_et = bool(in_ids)
     info = {"shapes": shapes, "dtypes": dtypes, "scalars": scalars, "times": times, "times_source": times_source,
@@ -226,6 +236,36 @@ def _build(trace: dict, et_nodes: dict[int, dict] | None, timing: dict | None,
             "deps_source": "execution_trace tensor ids" if used_et else "none",
             "et_matched": len(in_ids), "et_parent_mismatches": mismatches if used_et else None}
     return ExecutionGraph(ops), info
+
+
+_DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
+
+
+def _device_kernels(trace: dict, events: list[dict]) -> dict[int, list[Kernel]] | None:
+    """Op index -> the device executions it launched (kernels, memcpys, memsets), matched by the
+    profiler's correlation id to a runtime call and charged to the innermost op around that
+    call; None when the trace has no device activity (the CPU: each op's work is inline)."""
+    raw = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X" and "dur" in e]
+    device = [e for e in raw if e.get("cat") in _DEVICE_CATS]
+    if not device:
+        return None
+    launches = {e.get("args", {}).get("correlation"): e for e in raw
+                if e.get("cat") in ("cuda_runtime", "cuda_driver")}
+    out: dict[int, list[Kernel]] = {}
+    for k in sorted(device, key=lambda e: e["ts"]):
+        call = launches.get(k.get("args", {}).get("correlation"))
+        if call is None:
+            continue
+        owner = None
+        for i, e in enumerate(events):  # the innermost (latest-starting) op containing the call
+            if (e.get("pid"), e.get("tid")) == (call.get("pid"), call.get("tid")) and _contains(e, call) \
+                    and e["ts"] <= call["ts"]:
+                owner = i
+        if owner is not None:
+            out.setdefault(owner, []).append(Kernel(k["name"], round(float(k["dur"]), 3),
+                                                    stream=int(k.get("args", {}).get("stream", 0) or 0),
+                                                    launch=call["name"]))
+    return out
 
 
 def _contains(outer: dict, e: dict) -> bool:

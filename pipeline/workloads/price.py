@@ -143,14 +143,22 @@ def classify_graph(graph: ExecutionGraph, shapes: dict, scalars: dict | None = N
     scalars = scalars or {}
     out: dict[int, tuple] = {}
     for op in graph.ops:
-        if op.parent is not None and out[op.parent][0] in ("priced", "covered") and \
-                (out[op.parent][0] == "covered" or (extra is not None and graph.op(op.parent).name in extra.covers)):
+        if op.parent is not None and _covers_children(out[op.parent], graph.op(op.parent).name, extra):
             out[op.id] = ("covered", None, None, f"inside {graph.op(op.parent).name}")
             continue
         mapped = extra.map(op.name, shapes.get(op.id), scalars.get(op.id)) if extra is not None else None
         out[op.id] = ("priced", mapped[0], mapped[1], "extra") if mapped else _map_one(op.name, shapes.get(op.id),
                                                                                        below[op.id])
     return out
+
+
+def _covers_children(parent_class: tuple, parent_name: str, extra: ExtraOps | None) -> bool:
+    """A covered op's children are covered; so are those of an op an ExtraOps mapping prices
+    whole (named in `covers`, or mapped to "covered": work already timed elsewhere)."""
+    status, model_op, _, why = parent_class
+    if status == "covered":
+        return True
+    return status == "priced" and why == "extra" and (parent_name in extra.covers or model_op == "covered")
 
 
 def price_graph(graph: ExecutionGraph, shapes: dict, gemm_model, utility_model, dtype: str,

@@ -1,7 +1,8 @@
 """Op mappings for recommendation-model training graphs (DLRM), for price_graph's `extra`.
 
 The DLRM paper's kernel models (§III-B) price what the GEMM/utility tables cannot:
-  aten::_embedding_bag             EL-F: embedding model, forward (B, E, T=1, L, D)
+  aten::_embedding_bag             EL-F: embedding model, forward (B, E, T=1, L, D); covers
+                                   its subtree (offset bookkeeping)
   aten::_embedding_bag_backward    EL-B: embedding model, backward; it covers its subtree
                                    (cumsum, sparse_backward, ...) and the sparse SGD update
                                    of the table (aten::add_ of the table by its sparse grad),
@@ -25,7 +26,7 @@ class RecsysOps:
     """ExtraOps for DLRM-style graphs, given the embedding and memory models (either may be None:
     ops needing a missing one are left unpriced, reported as such)."""
 
-    covers = frozenset({EMB_BWD, "aten::index_select_backward", "aten::stack"})
+    covers = frozenset({EMB_FWD, EMB_BWD, "aten::index_select_backward", "aten::stack"})
 
     def __init__(self, embedding_model=None, memory_model=None):
         self.embedding_model, self.memory_model = embedding_model, memory_model

@@ -7,7 +7,7 @@ from pipeline.device.discover import identify
 from resources.warehouse import DuckDBWarehouse
 
 SAMPLE_TABLES = ("devices", "gemm_samples", "utility_samples", "attention_samples", "embedding_samples",
-                 "memory_samples", "workload_runs", "predictions", "model_errors")
+                 "memory_samples", "overhead_samples", "workload_graphs", "workload_runs", "predictions", "model_errors")
 
 
 def _materialize(slug: str, instance: dg.DagsterInstance, raise_on_error: bool = True):
@@ -47,16 +47,19 @@ def test_quick_profile_end_to_end(devchar_home, monkeypatch):
     assert all(n > 0 for n in counts.values()), counts
     pred = wh.query("SELECT * FROM predictions WHERE device = ?", [slug])
     runs = wh.query("SELECT * FROM workload_runs WHERE device = ?", [slug])
-    assert len(pred) == len(runs)
+    # GPT-2: the operator-list kernel sum + 3 graph predictors; DLRM: the 3 graph predictors
+    n_gpt2 = int((runs["workload"] == "gpt2").sum())
+    assert n_gpt2 and len(pred) == 4 * n_gpt2 + 3 * (len(runs) - n_gpt2)
+    assert set(pred.loc[pred["workload"] == "dlrm", "predictor"]) == {"kernel_only", "e2e_individual", "e2e_shared"}
     assert (pred["predicted_ms"] > 0).all() and (pred["measured_ms"] > 0).all()
     held = wh.query("SELECT count(*) AS n FROM gemm_samples WHERE device = ? AND held_out", [slug])["n"].iloc[0]
     assert held > 0
     errors = wh.query("SELECT DISTINCT model, layer_type FROM model_errors")
     assert set(errors["layer_type"]) >= {"MM", "BMM", "Linear", "Softmax", "Vector", "Attention", "EL-F", "EL-B",
                                          "concat", "transpose", "tril-F", "tril-B"}
-    assert set(errors["model"]) == {"devchar", "roofline", "neusight_mlp", "lin_mlp"}
+    assert set(errors["model"]) >= {"devchar", "roofline", "neusight_mlp", "lin_mlp"}
     for model in ("gemm_model", "utility_model", "attention_model", "embedding_model", "memory_model", "roofline",
-                  "neusight_mlp", "lin_mlp"):
+                  "neusight_mlp", "lin_mlp", "overhead_model"):
         assert (devchar_home / "models_store" / slug / model).is_dir(), model
     assert (devchar_home / "mlflow.db").is_file()
 

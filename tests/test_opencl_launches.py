@@ -12,7 +12,8 @@ import pytest
 
 from pipeline.sweeps.opencl import corpus
 from pipeline.sweeps.opencl.clang_ast import KernelParseError, kernel_params, parse_kernel
-from pipeline.sweeps.opencl.settings import iqr_rebalance, lsize_choices, regime_bounds, sample_work_groups, split_counts
+from pipeline.sweeps.opencl.settings import (iqr_rebalance, lsize_choices, regime_bounds, sample_work_groups,
+                                              split_counts)
 
 
 def _pocl_available() -> tuple[bool, str]:

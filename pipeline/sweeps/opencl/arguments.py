@@ -8,7 +8,8 @@
   instrumented kernel runs at two global sizes for each scalar combination drawn from
   {1, 4, gsize, 16, 32, 256}; each array's size is the affine function of gsize through the
   two (gsize, max index + 1) points, checked at a third gsize (our addition: a size that grows
-  faster than the line would overflow its array at the large gsizes the sweep launches). Combinations with a negative index, an index past the
+  faster than the line would overflow its array at the large gsizes the sweep launches).
+  Combinations with a negative index, an index past the
   probe buffer (clamped: the size is not affine or too large), or an array never touched are
   dropped, as are combinations whose probe launches failed.
 

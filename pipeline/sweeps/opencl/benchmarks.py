@@ -84,8 +84,8 @@ SCAN = """__kernel void bottom_scan(__global const float* in, __global float* ou
 }
 """
 
-SPMV_SCALAR = """__kernel void spmv_csr_scalar(__global const float* val, __global const float* vec, __global const int* cols,
-                              __global const int* rowptr, __global float* out, int dim) {
+SPMV_SCALAR = """__kernel void spmv_csr_scalar(__global const float* val, __global const float* vec,
+                              __global const int* cols, __global const int* rowptr, __global float* out, int dim) {
     int row = get_global_id(0);
     if (row < dim) {
         float t = 0.0f;
@@ -95,8 +95,9 @@ SPMV_SCALAR = """__kernel void spmv_csr_scalar(__global const float* val, __glob
 }
 """
 
-SPMV_VECTOR = """__kernel void spmv_csr_vector(__global const float* val, __global const float* vec, __global const int* cols,
-                              __global const int* rowptr, __global float* out, __local float* partial, int dim) {
+SPMV_VECTOR = """__kernel void spmv_csr_vector(__global const float* val, __global const float* vec,
+                              __global const int* cols, __global const int* rowptr, __global float* out,
+                              __local float* partial, int dim) {
     int lid = get_local_id(0);
     int row = get_group_id(0);
     float t = 0.0f;
@@ -113,8 +114,8 @@ SPMV_VECTOR = """__kernel void spmv_csr_vector(__global const float* val, __glob
 }
 """
 
-SPMV_ELL = """__kernel void spmv_ellpackr(__global const float* val, __global const float* vec, __global const int* cols,
-                            __global const int* rowlen, __global float* out, int dim) {
+SPMV_ELL = """__kernel void spmv_ellpackr(__global const float* val, __global const float* vec,
+                            __global const int* cols, __global const int* rowlen, __global float* out, int dim) {
     int t = get_global_id(0);
     if (t < dim) {
         float r = 0.0f;
@@ -124,7 +125,8 @@ SPMV_ELL = """__kernel void spmv_ellpackr(__global const float* val, __global co
 }
 """
 
-BFS = """__kernel void bfs_step(__global const int* starting, __global const int* no_of_edges, __global const int* edges,
+BFS = """__kernel void bfs_step(__global const int* starting, __global const int* no_of_edges,
+                       __global const int* edges,
                        __global const char* mask, __global char* updating, __global const char* visited,
                        __global int* cost, int no_of_nodes) {
     int tid = get_global_id(0);

@@ -19,7 +19,8 @@ import numpy as np
 
 TYPES = ("int", "float", "float4")
 OPS = {  # unary operations on x, per element type
-    "int": ("{x} * 3", "{x} + 7", "{x} ^ ({x} >> 3)", "({x} << 1) | 1", "max({x} - 5, 5 - {x})", "min({x}, 100)", "{x} * {x}", "({x} & 255) + 1"),
+    "int": ("{x} * 3", "{x} + 7", "{x} ^ ({x} >> 3)", "({x} << 1) | 1", "max({x} - 5, 5 - {x})", "min({x}, 100)",
+            "{x} * {x}", "({x} & 255) + 1"),
     "float": ("{x} * 2.0f", "sqrt({x})", "exp({x})", "sin({x}) * cos({x})", "{x} * {x} + 1.0f", "fabs({x} - 0.5f)",
               "log({x} + 1.0f)", "pow({x}, 1.5f)"),
 }
@@ -67,7 +68,8 @@ def _map(name, t, op, inputs, chain, check):
     body = f"out[i] = {expr};"
     if check:
         body = f"if (i < n) {{\n        {body}\n    }}"
-    return _sig(name, t, ins + ["out"], ["n"] if check else []) + f" {{\n    int i = get_global_id(0);\n    {body}\n}}\n"
+    head = _sig(name, t, ins + ["out"], ["n"] if check else [])
+    return head + f" {{\n    int i = get_global_id(0);\n    {body}\n}}\n"
 
 
 def _partition(name, t, op, k, check, combine):
@@ -101,7 +103,8 @@ def _complex(name, t, op, stride, check):
 
 
 def _reduction(name, t, op, grid_stride):
-    load = (f"    {t} v = {ZERO[t]};\n    for (int j = gid; j < n; j += get_global_size(0)) {{ v += {_op(op, t, 'in[j]')}; }}\n"
+    load = (f"    {t} v = {ZERO[t]};\n"
+            f"    for (int j = gid; j < n; j += get_global_size(0)) {{ v += {_op(op, t, 'in[j]')}; }}\n"
             if grid_stride else f"    {t} v = {_op(op, t, 'in[gid]')};\n")
     return (_sig(name, t, ["in", "out"], ["n"] if grid_stride else [], f"__local {t}* tmp") +
             f" {{\n    int gid = get_global_id(0);\n    int lid = get_local_id(0);\n{load}    tmp[lid] = v;\n"
@@ -150,7 +153,8 @@ def _compute(name, t, op, iters, unroll):
 FAMILIES = {  # name -> (template, grid of parameters after type and op)
     "map": (_map, dict(inputs=(1, 2, 3), chain=(1, 2, 3, 4), check=(False, True))),
     "partition": (_partition, dict(k=("scalar", 4, 16), check=(False, True), combine=("sum", "max"))),
-    "offset_stride": (_offset_stride, dict(stride=("scalar", 1, 2, 4), offset=("scalar", 0, 3), write_at=("gid", "idx"))),
+    "offset_stride": (_offset_stride, dict(stride=("scalar", 1, 2, 4), offset=("scalar", 0, 3),
+                                           write_at=("gid", "idx"))),
     "complex": (_complex, dict(stride=("scalar", 1, 2), check=("index", "id"))),
     "reduction": (_reduction, dict(grid_stride=(False, True))),
     "stencil": (_stencil, dict(radius=(1, 2, 3, 4), guard=("check", "offset"))),

@@ -4,3 +4,7 @@ from pipeline.errors import DevcharError
 
 class UnsupportedArgError(DevcharError, ValueError):
     """A kernel argument type the sweep cannot allocate or pass (named in the message)."""
+
+
+class NoValidArgumentsError(DevcharError, ValueError):
+    """Algorithm 1 found no scalar combination whose probes ran in bounds (the row's status is invalid_args)."""

@@ -88,12 +88,13 @@ class KernelRunner:
             todo = launches[len(results):]
             got, fatal = self._run_job(source, name, todo)
             results += got
+            left = len(launches) - len(results)
             if fatal in ("timeout", "build"):  # later launches are larger or cannot build: skip
-                results += [LaunchResult(NOT_RUN, f"skipped after a {fatal} in this job")] * (len(launches) - len(results))
+                results += [LaunchResult(NOT_RUN, f"skipped after a {fatal} in this job")] * left
             elif fatal == "crash":
                 crashes += 1
                 if crashes >= 2:  # the kernel crashes the worker reproducibly: stop feeding it
-                    results += [LaunchResult(NOT_RUN, "skipped after two worker crashes")] * (len(launches) - len(results))
+                    results += [LaunchResult(NOT_RUN, "skipped after two worker crashes")] * left
         return results
 
     def close(self) -> None:
@@ -145,7 +146,8 @@ class KernelRunner:
             self._kill()
             return "timeout"
         self._kill()
-        return ("crash", f"worker died (exit code {code})" if code and code > 0 else f"worker killed by signal {-(code or 0)}")
+        return ("crash", f"worker died (exit code {code})" if code and code > 0
+                else f"worker killed by signal {-(code or 0)}")
 
     def _run_job(self, source: str, name: str, launches: list[Launch]) -> tuple[list[LaunchResult], str | None]:
         self._ensure()
@@ -165,7 +167,8 @@ class KernelRunner:
                 _, first_s, reps = msg
                 msg = self._recv(self.limits.launch_timeout_s + 2.0 * first_s * reps)
             if msg == "timeout":
-                return results + [LaunchResult("timeout", f"no answer within {self.limits.launch_timeout_s:g}s")], "timeout"
+                late = LaunchResult("timeout", f"no answer within {self.limits.launch_timeout_s:g}s")
+                return results + [late], "timeout"
             if msg[0] == "crash":
                 return results + [LaunchResult("crash", msg[1])], "crash"
             if msg[0] == "ok":

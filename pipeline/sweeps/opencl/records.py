@@ -39,7 +39,8 @@ def launch_row(kernel: dict, method: str, args: list[dict], gsize: int, lsize: i
     """One row; `kernel` holds kernel_id, source_hash, suite, family, kernel_name, source."""
     row = {**kernel, "arg_method": method, "args": args_json(args), "gsize": int(gsize), "lsize": int(lsize),
            "work_groups": int(gsize // max(lsize, 1)), "compute_units": int(compute_units),
-           "input_size": int(input_size), "regime": regime, "arg_plan": plan, "status": result.status, "error": result.error}
+           "input_size": int(input_size), "regime": regime, "arg_plan": plan, "status": result.status,
+           "error": result.error}
     if result.status == "ok" and result.times_us is not None and len(result.times_us):
         m = Measurement(np.asarray(result.times_us, float))
         row.update(median_us=m.median_us, p20_us=m.p20_us, p80_us=m.p80_us, cv=m.cv, reps=m.reps, noisy=m.noisy())

@@ -19,6 +19,7 @@ from pipeline.harness.progress import Progress
 from pipeline.sweeps.opencl import benchmarks, corpus
 from pipeline.sweeps.opencl.arguments import memory_plans, simple_plan
 from pipeline.sweeps.opencl.clang_ast import KernelParseError, kernel_params, parse_kernel
+from pipeline.sweeps.opencl.errors import NoValidArgumentsError
 from pipeline.sweeps.opencl.execute import NOT_RUN, KernelRunner, Launch, LaunchResult, Limits
 from pipeline.sweeps.opencl.records import Checkpoint, args_json, buffer_bytes, launch_row
 from pipeline.sweeps.opencl.settings import iqr_rebalance, lsize_choices, sample_work_groups
@@ -83,8 +84,8 @@ class _Sweep:
                     found = memory_plans(k.source, k.name, self.runner, probes, lsize, p.opencl_max_combos, rng)
                     plans = [found[i] for i in sorted(rng.permutation(len(found))[: p.opencl_memory_plans])]
                     if not plans:
-                        raise KernelParseError(f"no valid scalar combination among {p.opencl_max_combos} probed")
-            except KernelParseError as exc:
+                        raise NoValidArgumentsError(f"no valid scalar combination among {p.opencl_max_combos} probed")
+            except (KernelParseError, NoValidArgumentsError) as exc:
                 self._run_invalid(kcols, method, lsize, str(exc))
                 continue
             for plan in plans:

@@ -1,7 +1,8 @@
 """The worker process behind execute.KernelRunner: pyopencl lives here and only here.
 
 Started by execute.KernelRunner as `python -m pipeline.sweeps.opencl.worker FD`.
-Messages in: (mem_limit_mb, TimingSpec, "cpu" | "gpu") first, then ("info",) | ("job", source, name, launches) | None (exit).
+Messages in: (mem_limit_mb, TimingSpec, "cpu" | "gpu") first, then ("info",) |
+("job", source, name, launches) | None (exit).
 Messages out per job: ("built",) or ("build_error", log); then per launch
 ("tick", first_run_s, reps) once the warm-up ran, and ("ok", times_us, readback) or
 ("launch_error", text).

@@ -222,6 +222,25 @@ def cmd_what_if(args) -> int:
     return 0
 
 
+def cmd_reference(args) -> int:
+    """devchar's GEMM predictions on the peer H100 shapes (NeuSight fp32, Vidur fp16)."""
+    import pandas as pd
+
+    from pipeline.reference import compare, peers
+
+    device = _local_slug(args.device)
+    wh = _warehouse()
+    ours = wh.device_rows("reference_timings", device) if wh.has_table("reference_timings") and not \
+        wh.query("SELECT count(*) AS n FROM reference_timings WHERE device = ?", [device])["n"].iloc[0] == 0 else None
+    table = compare(_load_model(device, "gemm_model"), peers(), ours)
+    if ours is None:
+        print(f"(no reference_timings for {device}: run `python -m pipeline.runner reference` on it and "
+              "`devchar load` the output to see ours_vs_peer and devchar_vs_ours)")
+    with pd.option_context("display.width", 200):
+        print(table.to_string(index=False, float_format=lambda v: f"{v:.1%}"))
+    return 0
+
+
 def _load_model(device: str, name: str):
     from pipeline.config import model_store_root
     from pipeline.predict import store
@@ -331,6 +350,9 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--fuse-embeddings", action="store_true", help="one batched EmbeddingBag (DLRM paper Fig. 11)")
     w.add_argument("--measure", action="store_true", help="also run the transformed DLRM here and time it")
     w.set_defaults(fn=cmd_what_if)
+    rf = sub.add_parser("reference", help="devchar's GEMM error on the peer H100 shapes (NeuSight fp32, Vidur fp16)")
+    rf.add_argument("--device", default=None, help="device slug (default: the local device)")
+    rf.set_defaults(fn=cmd_reference)
     ld = sub.add_parser("load", help="load a `python -m pipeline.runner` output directory into DuckDB")
     ld.add_argument("dir")
     ld.set_defaults(fn=cmd_load)

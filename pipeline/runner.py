@@ -24,6 +24,7 @@ SWEEPS = {  # sweep name -> table it fills
     "memory": "memory_samples",
     "workloads": "workload_runs",
     "traces": "workload_graphs",  # and overhead_samples: one capture fills both
+    "reference": "reference_timings",  # the peer (NeuSight, Vidur) GEMM shapes timed here
     "opencl": "opencl_launches",
 }
 ALSO_WRITES = {"traces": ("overhead_samples",)}
@@ -97,6 +98,10 @@ def run_sweep_tables(sweep: str, device: str = "auto", profile: str = "quick", r
         from pipeline.sweeps.attention import sweep_attention
 
         rows = sweep_attention(dev, prof, log)
+    elif sweep == "reference":
+        from pipeline.sweeps.reference_gemms import sweep_reference
+
+        rows = sweep_reference(dev, prof, log)
     elif sweep == "traces":
         from pipeline.sweeps.traces import sweep_traces
 

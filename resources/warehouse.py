@@ -13,7 +13,8 @@ from pipeline.config import duckdb_path
 from pipeline.errors import DevcharError
 
 TABLES = ("devices", "gemm_samples", "utility_samples", "attention_samples", "embedding_samples", "memory_samples",
-          "overhead_samples", "workload_graphs", "opencl_launches", "workload_runs", "predictions", "model_errors")
+          "overhead_samples", "workload_graphs", "opencl_launches", "workload_runs", "predictions", "model_errors",
+          "reference_timings")
 
 
 # Columns that one kind of device leaves NULL (a CPU has no CUDA version, no tf32 peak):

@@ -31,6 +31,7 @@ class Profile:
     dlrm_configs: str = "quick"  # DLRM config set (workloads/dlrm.py)
     dlrm_batches: tuple[int, ...] = (32, 128, 512)
     trace_warmup: int = 3  # calls before a workload's trace is captured
+    reference_shapes_per_source: int = 40  # peer GEMM shapes timed per (source, op); 0 = all
     # attention_samples: seq (q = kv) in powers of two from 32, batch in powers of the step (8 heads)
     attention_max_seq: int = 256
     attention_max_batch: int = 4
@@ -68,7 +69,7 @@ PROFILES = {
         utility_heldout_per_op=2, gemm_timing=TimingSpec(warmup_s=0.0, budget_s=0.005, min_reps=3, max_reps=20),
         utility_timing=TimingSpec(warmup_s=0.0, budget_s=0.005, min_reps=3, max_reps=20),
         workload_configs="tiny", workload_batches=(1, 2), workload_seqs=(16,), workload_warmup=1, workload_reps=3,
-        dlrm_configs="tiny", dlrm_batches=(4, 8), trace_warmup=1,
+        dlrm_configs="tiny", dlrm_batches=(4, 8), trace_warmup=1, reference_shapes_per_source=2,
         attention_max_seq=64, attention_max_batch=2, attention_max_point_flops=1e7, attention_heldout=2,
         attention_timing=TimingSpec(warmup_s=0.0, budget_s=0.002, min_reps=3, max_reps=10),
         opencl_kernels=6, opencl_lsizes=1, opencl_settings=3, opencl_rebalance=0, opencl_max_combos=6,
@@ -91,7 +92,7 @@ PROFILES = {
         gemm_timing=TimingSpec(warmup_s=0.1, budget_s=0.5, min_reps=25, max_reps=10000, flush_l2=True),
         utility_timing=TimingSpec(warmup_s=0.05, budget_s=0.2, min_reps=25, max_reps=10000, flush_l2=True),
         workload_configs="full", workload_batches=(1, 4, 8), workload_seqs=(128, 512),
-        dlrm_configs="full", dlrm_batches=(512, 1024, 2048, 4096),
+        dlrm_configs="full", dlrm_batches=(512, 1024, 2048, 4096), reference_shapes_per_source=0,
         attention_max_seq=8192, attention_max_batch=64, attention_max_point_flops=1e15, attention_heldout=200,
         attention_timing=TimingSpec(warmup_s=0.05, budget_s=0.2, min_reps=25, max_reps=10000, flush_l2=True),
         # the whole corpus (~2400 kernels) x 2 methods x 4 lsizes x (16 + 4): ~10^5-10^6 launches, resumable
@@ -119,7 +120,7 @@ CUDA_OVERRIDES = {
     "quick": dict(k_values=POW2_K, wave_step=2, max_gemm_outputs=1 << 27, max_point_flops=2e12, heldout_max_mn=8192,
                   heldout_max_k=2000, heldout_max_bmm=1024, utility_max_elems=1 << 26, gemm_timing=_GPU_TIMING,
                   utility_timing=_GPU_TIMING, workload_configs="full",
-                  dlrm_configs="full", dlrm_batches=(512, 1024, 2048),
+                  dlrm_configs="full", dlrm_batches=(512, 1024, 2048), reference_shapes_per_source=300,
                   attention_max_seq=8192, attention_max_batch=64, attention_batch_step=4,
                   attention_max_point_flops=2e12, attention_heldout=40, attention_timing=_GPU_ATTENTION_TIMING,
                   opencl_full_k=40),  # the paper's N_WG > 40 x N_SM

@@ -146,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     from pipeline.errors import DevcharError
 
-    names = list(SWEEPS) if args.sweeps == ["all"] else args.sweeps
+    names = all_sweeps(args.device) if args.sweeps == ["all"] else args.sweeps
     with contextlib.ExitStack() as stack:
         pipes = _open_pipes(stack)
         log = pipes.log.info if pipes else None
@@ -164,6 +164,25 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {exc}", file=sys.stderr)
             return 2
     return 0
+
+
+def all_sweeps(device: str) -> list[str]:
+    """What `all` means on this device: every sweep that applies to it. The peer references are
+    H100 measurements (CUDA only); the OpenCL sweep needs pyopencl, absent on a bare GPU node."""
+    import importlib.util
+
+    cuda = device.startswith("cuda") or (device == "auto" and _cuda_available())
+    names = [s for s in SWEEPS if s != "reference" or cuda]
+    if importlib.util.find_spec("pyopencl") is None:
+        print("all: pyopencl is not installed here: skipping the opencl sweep", file=sys.stderr)
+        names.remove("opencl")
+    return names
+
+
+def _cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def _open_pipes(stack: contextlib.ExitStack):

@@ -75,3 +75,13 @@ def test_subprocess_mode_through_dagster_pipes(devchar_home, monkeypatch):
     assert result.success
     n = DuckDBWarehouse().query("SELECT count(*) AS n FROM utility_samples WHERE device = ?", [slug])["n"].iloc[0]
     assert n > 0
+
+
+def test_all_means_the_sweeps_that_apply(monkeypatch):
+    import importlib.util
+
+    assert "reference" not in runner.all_sweeps("cpu")  # peer data are H100 measurements
+    assert "reference" in runner.all_sweeps("cuda")
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "pyopencl" else real(name, *a))
+    assert "opencl" not in runner.all_sweeps("cuda")  # a bare GPU node has no pyopencl

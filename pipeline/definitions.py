@@ -6,6 +6,7 @@ from assets.dlrm_kernels import embedding_model, embedding_samples, memory_model
 from assets.evaluation import mlp_baselines, model_evaluation
 from assets.models import gemm_model, utility_model
 from assets.opencl import opencl_launches
+from assets.opencl_models import opencl_models
 from assets.graph_predictions import dlrm_predictions
 from assets.overheads import overhead_model, overhead_traces
 from assets.predictions import accuracy_report, transformer_predictions
@@ -22,7 +23,7 @@ defs = dg.Definitions(
     assets=[device_spec, gemm_samples, utility_samples, attention_samples, embedding_samples, memory_samples,
             workload_runs, gemm_model, utility_model, attention_model, embedding_model, memory_model, mlp_baselines,
             model_evaluation, overhead_traces, overhead_model, transformer_predictions, dlrm_predictions,
-            accuracy_report, opencl_launches],
+            accuracy_report, opencl_launches, opencl_models],
     resources={"warehouse": DuckDBWarehouse(), "tracking": MLflowTracking(), "device_runner": DeviceRunner(),
                "model_store": ModelStore()},
     jobs=[characterize_device, recalibrate],

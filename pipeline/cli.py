@@ -63,7 +63,9 @@ def summary(device: str) -> str:
 
 def cmd_predict(args) -> int:
     if args.hf_config or args.module:
-        return _predict_captured(args)
+        from pipeline.cli_predict import predict_captured
+
+        return predict_captured(args)
     from pipeline.predict import store
     from pipeline.predict.workload import predict_ops
     from pipeline.workloads.gpt2 import GPT2Spec, gpt2_ops
@@ -78,58 +80,6 @@ def cmd_predict(args) -> int:
     parts = ", ".join(f"{k} {v / 1e3:.2f}" for k, v in sorted(by_type.items()))
     print(f"{spec.name} batch={args.batch} seq={args.seq} on {args.device}: predicted {total / 1e3:.2f} ms ({parts})")
     return 0
-
-
-def _predict_captured(args) -> int:
-    """Any model: run it once here on the CPU, capture its execution graph, price every kernel
-    with the device's models, and walk Algorithm 1 with the device's shared overhead model
-    (fitted on the traced workloads; the model predicted here is never one of them)."""
-    import importlib
-
-    from pipeline.config import model_store_root
-    from pipeline.dtypes import check_dtype
-    from pipeline.predict import store
-    from pipeline.workloads import predict_callable as pc
-
-    gemm = store.load(model_store_root(), args.device, "gemm_model")
-    utility = store.load(model_store_root(), args.device, "utility_model")
-    overheads, extra = _optional_models(args.device)
-    dtype = check_dtype(args.dtype)
-    if args.hf_config:
-        out = pc.predict_hf_config(args.hf_config, args.batch, args.seq, gemm, utility, overheads, dtype, extra=extra)
-        label = f"{out['model_type']} from {args.hf_config} batch={args.batch} seq={args.seq}"
-        model, inputs = out["model"], out["inputs"]
-    else:
-        mod, _, attr = args.module.partition(":")
-        model, inputs = getattr(importlib.import_module(mod), attr)()
-        out = pc.predict_module(model, inputs, gemm, utility, overheads, dtype, extra=extra)
-        label = args.module
-    cov = out["coverage"]
-    host = "host overheads from the shared overhead model" if overheads else "no overhead model: kernels only"
-    print(f"{label} on {args.device}: predicted {out['e2e_us'] / 1e3:.2f} ms "
-          f"(kernels {out['kernel_only_us'] / 1e3:.2f} ms, {host}; {cov['priced_share'] + cov['covered_share']:.0%} "
-          f"of the captured CPU time re-priced, {len(cov['unmapped'])} unmapped op kinds)")
-    if args.measure:
-        m = pc.measure_call(model, inputs)
-        err = (out["e2e_us"] - m.median_us) / m.median_us
-        print(f"measured {m.median_us / 1e3:.2f} ms here (5 warm-up, 25 runs; median): error {err:+.1%}")
-    return 0
-
-
-def _optional_models(device: str):
-    """(overhead model or None, RecsysOps with whichever embedding/memory models exist)."""
-    from pipeline.config import model_store_root
-    from pipeline.errors import MissingModelError
-    from pipeline.predict import store
-    from pipeline.workloads.price_recsys import RecsysOps
-
-    got = {}
-    for name in ("overhead_model", "embedding_model", "memory_model"):
-        try:
-            got[name] = store.load(model_store_root(), device, name)
-        except MissingModelError:
-            got[name] = None
-    return got["overhead_model"], RecsysOps(got["embedding_model"], got["memory_model"])
 
 
 def cmd_sql(args) -> int:
@@ -162,101 +112,6 @@ def cmd_load(args) -> int:
                 wh.replace_partition(table, str(device), rows)
                 print(f"{table}: {len(rows)} rows for {device}")
     return 0
-
-
-def cmd_what_if(args) -> int:
-    """Transform a captured graph (batch size, fused embedding lookups) and predict it unrun."""
-    from pipeline.errors import BadShapeError
-    from pipeline.workloads import graph_predict as gp
-    from pipeline.workloads.what_if import fuse_embedding_bags, with_batch
-
-    device = _local_slug(args.device)
-    wh = _warehouse()
-    graphs = wh.device_rows("workload_graphs", device)
-    if args.config not in set(graphs["config"]):
-        raise BadShapeError(f"no captured graph of config {args.config!r} for {device}; "
-                            f"traced configs: {sorted(set(graphs['config']))}")
-    graphs = graphs[graphs["config"] == args.config]
-    by_batch = {int(r["batch"]): r for r in graphs.to_dict("records")}
-    if args.batch not in by_batch:
-        raise BadShapeError(f"no captured graph of {args.config!r} at batch={args.batch} for {device}; "
-                            f"captured batches: {sorted(by_batch)}")
-    row = by_batch[args.batch]
-    graph, shapes, scalars = gp.load_graph(row["graph_json"])
-    key = {k: row[k] for k in gp.KEY}
-    overheads = gp.overheads_for(wh.device_rows("overhead_samples", device), key)
-    models = {m: _load_model(device, m) for m in ("gemm_model", "utility_model", "embedding_model", "memory_model")}
-    sync = wh.device_rows("devices", device)["kind"].iloc[0] == "cpu"
-
-    def show(label, g, shp, sc):
-        got = gp.predict_graph(g, shp, sc, models, row["dtype"], overheads, sync)
-        parts = ", ".join(f"{p} {got[p] / 1e3:.2f} ms" for p in gp.PREDICTORS if p in got)
-        print(f"{label}: {parts}")
-        return got
-
-    show(f"{args.config} batch={args.batch} as captured", graph, shapes, scalars)
-    label = f"{args.config}"
-    if args.new_batch:
-        # the second point: another captured batch, not the target itself (so a target that was
-        # captured checks the transform rather than reading the answer back)
-        others = [b for b in by_batch if b not in (args.batch, args.new_batch)] or \
-            [b for b in by_batch if b != args.batch]
-        other = min(others, key=lambda b: abs(b - args.new_batch), default=None)
-        if other is None:
-            raise BadShapeError(f"{args.config!r} was captured at one batch size only; a batch what-if needs two")
-        og, oshapes, _ = gp.load_graph(by_batch[other]["graph_json"])
-        shapes, report = with_batch(graph, shapes, args.batch, oshapes, og, other, args.new_batch)
-        label += f" batch={args.new_batch} (shapes solved from batches {args.batch} and {other}; " \
-                 f"{report['unaligned_ops']} ops unaligned)"
-    if args.fuse_embeddings:
-        graph, shapes, scalars = fuse_embedding_bags(graph, shapes, scalars)
-        label += " with one batched EmbeddingBag"
-    got = show(label, graph, shapes, scalars)
-    if args.new_batch in by_batch and not args.fuse_embeddings:
-        g2, s2, c2 = gp.load_graph(by_batch[args.new_batch]["graph_json"])
-        show(f"  check: the graph captured at batch={args.new_batch}", g2, s2, c2)
-    if args.measure:
-        m = _measure_what_if(args.config, args.new_batch or args.batch, args.fuse_embeddings)
-        best = got.get("e2e_shared", got["kernel_only"])
-        print(f"measured here: {m.median_us / 1e3:.2f} ms (e2e_shared error {(best - m.median_us) / m.median_us:+.1%})")
-    return 0
-
-
-def cmd_reference(args) -> int:
-    """devchar's GEMM predictions on the peer H100 shapes (NeuSight fp32, Vidur fp16)."""
-    import pandas as pd
-
-    from pipeline.reference import compare, peers
-
-    device = _local_slug(args.device)
-    wh = _warehouse()
-    ours = wh.device_rows("reference_timings", device) if wh.has_table("reference_timings") and not \
-        wh.query("SELECT count(*) AS n FROM reference_timings WHERE device = ?", [device])["n"].iloc[0] == 0 else None
-    table = compare(_load_model(device, "gemm_model"), peers(), ours)
-    if ours is None:
-        print(f"(no reference_timings for {device}: run `python -m pipeline.runner reference` on it and "
-              "`devchar load` the output to see ours_vs_peer and devchar_vs_ours)")
-    with pd.option_context("display.width", 200):
-        print(table.to_string(index=False, float_format=lambda v: f"{v:.1%}"))
-    return 0
-
-
-def _load_model(device: str, name: str):
-    from pipeline.config import model_store_root
-    from pipeline.predict import store
-
-    return store.load(model_store_root(), device, name)
-
-
-def _measure_what_if(config: str, batch: int, batched: bool):
-    from pipeline.errors import BadShapeError
-    from pipeline.workloads import dlrm
-    from pipeline.workloads.dlrm_run import measure_training_step
-
-    specs = {s.name: s for sets in dlrm.CONFIG_SETS.values() for s in sets}
-    if config not in specs:
-        raise BadShapeError(f"--measure runs DLRM configs only ({sorted(specs)}); got {config!r}")
-    return measure_training_step(specs[config], batch, batched=batched)
 
 
 def _local_slug(device: str | None) -> str:
@@ -297,6 +152,13 @@ def cmd_predict_grid(args) -> int:
         rows, secs = write_grid(con, gemm, device, grid, args.op, args.dtype)
     print(f"predict-grid: {rows:,} rows in {secs:.1f} s ({rows / secs:,.0f} rows/s)")
     return 0
+
+
+def _lazy(name: str):
+    """A command from cli_predict, imported only when it runs (keeps `devchar --help` quick)."""
+    from pipeline import cli_predict
+
+    return getattr(cli_predict, name)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -349,10 +211,10 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--new-batch", type=int, default=None, help="predict at this batch size instead")
     w.add_argument("--fuse-embeddings", action="store_true", help="one batched EmbeddingBag (DLRM paper Fig. 11)")
     w.add_argument("--measure", action="store_true", help="also run the transformed DLRM here and time it")
-    w.set_defaults(fn=cmd_what_if)
+    w.set_defaults(fn=lambda a: _lazy("cmd_what_if")(a))
     rf = sub.add_parser("reference", help="devchar's GEMM error on the peer H100 shapes (NeuSight fp32, Vidur fp16)")
     rf.add_argument("--device", default=None, help="device slug (default: the local device)")
-    rf.set_defaults(fn=cmd_reference)
+    rf.set_defaults(fn=lambda a: _lazy("cmd_reference")(a))
     ld = sub.add_parser("load", help="load a `python -m pipeline.runner` output directory into DuckDB")
     ld.add_argument("dir")
     ld.set_defaults(fn=cmd_load)

@@ -62,6 +62,32 @@ def test_quick_profile_end_to_end(devchar_home, monkeypatch):
                   "neusight_mlp", "lin_mlp", "overhead_model"):
         assert (devchar_home / "models_store" / slug / model).is_dir(), model
     assert (devchar_home / "mlflow.db").is_file()
+    _what_if_from_the_captured_graphs(slug)
+
+
+def _what_if_from_the_captured_graphs(slug: str):
+    """`devchar what-if` on the run's own graphs: a batch size solved from two captures agrees
+    with the capture at that batch; fused lookups predict something different but finite."""
+    import contextlib
+    import io
+
+    from pipeline import cli
+    from pipeline.workloads.dlrm import QUICK_CONFIGS
+    from pipeline.sweeps.profiles import get_profile
+
+    config, (b1, _, b3) = QUICK_CONFIGS[0].name, get_profile("quick").dlrm_batches
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert cli.main(["what-if", "--device", slug, "--config", config, "--batch", str(b1),
+                         "--new-batch", str(b3)]) == 0
+        assert cli.main(["what-if", "--device", slug, "--config", config, "--batch", str(b1),
+                         "--fuse-embeddings"]) == 0
+    lines = out.getvalue().splitlines()
+    solved = next(ln for ln in lines if f"batch={b3} (shapes solved" in ln)
+    check = next(ln for ln in lines if "check: the graph captured" in ln)
+    kernel_ms = [float(ln.split("kernel_only ")[1].split(" ms")[0]) for ln in (solved, check)]
+    assert abs(kernel_ms[0] - kernel_ms[1]) <= 0.02 * kernel_ms[1], (solved, check)
+    assert any("one batched EmbeddingBag" in ln for ln in lines)
 
 
 def test_rematerializing_replaces_rows_and_spares_other_devices(devchar_home, monkeypatch):

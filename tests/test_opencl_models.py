@@ -50,6 +50,10 @@ def test_truncation_cuts_only_the_code_and_says_so(launches):
     for p, full in zip(prompts, launch_prompts(rows)[0]):
         assert words(p) <= 120 and "__kernel void reduce" in p and "characters truncated" in p
         assert p.split("Given input:")[1] == full.split("Given input:")[1]  # sizes and NDRange intact
+    # too small for even the arguments: the last argument lines go, the NDRange line stays
+    tight, _ = launch_prompts(rows, words, 60)
+    for p, lsize in zip(tight, rows["lsize"]):
+        assert words(p) <= 60 and "more arguments truncated" in p and p.endswith(f"cl::NDRange({lsize})")
 
 
 def test_static_trip_count_multiplies_the_loop_body():

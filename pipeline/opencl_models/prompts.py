@@ -5,8 +5,10 @@ The prompt is the paper's Alpaca-style template: the kernel source, one line per
 NDRange. It is deterministic: the same row always gives the same text.
 
 Truncation: models have a token budget. Cutting the end of the prompt would drop the
-argument sizes and the NDRange, which carry most of the signal, so only the *code* section
-is shortened, from its end, and a marker says how many characters were cut.
+argument sizes and the NDRange, which carry most of the signal, so the *code* section is
+shortened first, from its end, with a marker saying how many characters were cut; only if
+the prompt still does not fit with no code at all are the last argument lines dropped
+(marked too). The NDRange line is always kept.
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from pipeline.errors import DevcharError
 
 HEADER = "Predict time for the following OpenCL kernel:\n"
 TRUNCATED = "\n/* ... {n} characters truncated */\n"
+ARGS_TRUNCATED = "\n... {n} more arguments truncated"
 QUALIFIERS = {"global": "global", "local": "local", "constant": "constant", "scalar": "private"}
 _SPACE_WORDS = {"__global", "global", "__local", "local", "__constant", "constant", "__private", "private", "*"}
 
@@ -49,28 +52,38 @@ def parse_args(args) -> list[dict]:
     return args
 
 
-def prompt_tail(args, gsize: int, lsize: int) -> str:
+def prompt_tail(args, gsize: int, lsize: int, max_args: int | None = None) -> str:
     """Everything after the code: the inputs section and the NDRange line."""
-    lines = "\n".join(argument_line(i, a) for i, a in enumerate(parse_args(args)))
+    args = parse_args(args)
+    keep = len(args) if max_args is None else min(max_args, len(args))
+    lines = "\n".join(argument_line(i, a) for i, a in enumerate(args[:keep]))
+    lines += ARGS_TRUNCATED.format(n=len(args) - keep) if keep < len(args) else ""
     return (f"\nGiven input:\n{lines}\nGiven kernel are executed with global size equals "
             f"cl::NDRange({int(gsize)}), local work-group size equals cl::NDRange({int(lsize)})")
 
 
-def build_prompt(source: str, args, gsize: int, lsize: int, max_code_chars: int | None = None) -> str:
-    """The paper's prompt; with `max_code_chars`, the code is cut to that many characters (marked)."""
+def build_prompt(source: str, args, gsize: int, lsize: int, max_code_chars: int | None = None,
+                 max_args: int | None = None) -> str:
+    """The paper's prompt; with `max_code_chars`, the code is cut to that many characters, with
+    `max_args` the argument lines to that many (both marked)."""
     code = source.strip()
     if max_code_chars is not None and len(code) > max_code_chars:
         code = code[:max_code_chars] + TRUNCATED.format(n=len(code) - max_code_chars)
-    return HEADER + code + prompt_tail(args, gsize, lsize)
+    return HEADER + code + prompt_tail(args, gsize, lsize, max_args)
 
 
-def code_budget(source: str, args, gsize: int, lsize: int, count_tokens, max_tokens: int) -> int | None:
-    """The longest code prefix (in characters) whose prompt fits max_tokens; None if the whole code fits.
+def code_budget(source: str, args, gsize: int, lsize: int, count_tokens, max_tokens: int) -> tuple | None:
+    """(code characters, argument lines) kept so that the prompt fits max_tokens; None if it fits whole.
 
-    If even an empty code section does not fit, 0: the prompt keeps no code and the
-    tokenizer's own end truncation then applies to the inputs."""
+    The code goes first; if even no code does not fit, argument lines go from the end (and
+    if the header and NDRange alone do not fit, the tokenizer's end truncation is left)."""
     if count_tokens(build_prompt(source, args, gsize, lsize)) <= max_tokens:
         return None
+    n_args = len(parse_args(args))
+    if count_tokens(build_prompt(source, args, gsize, lsize, 0)) > max_tokens:
+        keep = next((k for k in range(n_args - 1, -1, -1)
+                     if count_tokens(build_prompt(source, args, gsize, lsize, 0, k)) <= max_tokens), 0)
+        return 0, keep
     lo, hi = 0, len(source.strip())  # binary search on the prefix length
     while lo < hi:
         mid = (lo + hi + 1) // 2
@@ -78,7 +91,7 @@ def code_budget(source: str, args, gsize: int, lsize: int, count_tokens, max_tok
             lo = mid
         else:
             hi = mid - 1
-    return lo
+    return lo, None
 
 
 def launch_prompts(rows, count_tokens=None, max_tokens: int | None = None) -> tuple[list[str], int]:
@@ -94,6 +107,9 @@ def launch_prompts(rows, count_tokens=None, max_tokens: int | None = None) -> tu
             if key not in cache:
                 cache[key] = code_budget(r.source, r.args, r.gsize, r.lsize, count_tokens, max_tokens)
             limit = cache[key]
-        out.append(build_prompt(r.source, r.args, r.gsize, r.lsize, limit))
+            if count_tokens(build_prompt(r.source, r.args, r.gsize, r.lsize, *(limit or ()))) > max_tokens:
+                # tokens do not always add up across the join: search this launch on its own
+                limit = code_budget(r.source, r.args, r.gsize, r.lsize, count_tokens, max_tokens)
+        out.append(build_prompt(r.source, r.args, r.gsize, r.lsize, *(limit or ())))
         cut += limit is not None
     return out, cut

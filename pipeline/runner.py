@@ -25,6 +25,7 @@ SWEEPS = {  # sweep name -> table it fills
     "workloads": "workload_runs",
     "traces": "workload_graphs",  # and overhead_samples: one capture fills both
     "reference": "reference_timings",  # the peer (NeuSight, Vidur) GEMM shapes timed here
+    "gemm_configs": "gemm_config_samples",  # cuBLASLt configurations one by one (CUDA only)
     "opencl": "opencl_launches",
 }
 ALSO_WRITES = {"traces": ("overhead_samples",)}
@@ -102,6 +103,10 @@ def run_sweep_tables(sweep: str, device: str = "auto", profile: str = "quick", r
         from pipeline.sweeps.reference_gemms import sweep_reference
 
         rows = sweep_reference(dev, prof, log)
+    elif sweep == "gemm_configs":
+        from pipeline.sweeps.gemm_configs import sweep_gemm_configs
+
+        rows = sweep_gemm_configs(dev, prof, log)
     elif sweep == "traces":
         from pipeline.sweeps.traces import sweep_traces
 
@@ -168,11 +173,12 @@ def main(argv: list[str] | None = None) -> int:
 
 def all_sweeps(device: str) -> list[str]:
     """What `all` means on this device: every sweep that applies to it. The peer references are
-    H100 measurements (CUDA only); the OpenCL sweep needs pyopencl, absent on a bare GPU node."""
+    H100 measurements and gemm_configs calls cuBLASLt (both CUDA only); the OpenCL sweep needs
+    pyopencl, absent on a bare GPU node."""
     import importlib.util
 
     cuda = device.startswith("cuda") or (device == "auto" and _cuda_available())
-    names = [s for s in SWEEPS if s != "reference" or cuda]
+    names = [s for s in SWEEPS if s not in ("reference", "gemm_configs") or cuda]
     if importlib.util.find_spec("pyopencl") is None:
         print("all: pyopencl is not installed here: skipping the opencl sweep", file=sys.stderr)
         names.remove("opencl")

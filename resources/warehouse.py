@@ -14,7 +14,7 @@ from pipeline.errors import DevcharError
 
 TABLES = ("devices", "gemm_samples", "utility_samples", "attention_samples", "embedding_samples", "memory_samples",
           "overhead_samples", "workload_graphs", "opencl_launches", "workload_runs", "predictions", "model_errors",
-          "reference_timings")
+          "reference_timings", "gemm_config_samples")
 
 
 # Columns that one kind of device leaves NULL (a CPU has no CUDA version, no tf32 peak):
@@ -25,6 +25,9 @@ COLUMN_TYPES = {
                 "l2_bytes": "BIGINT", "cuda_version": "VARCHAR", "driver_version": "VARCHAR",
                 **{f"peak_flops_{dt}": "DOUBLE" for dt in ("float32", "tf32", "bfloat16", "float16")}},
     "gemm_samples": {"split_k": "INTEGER"},
+    # training rows leave the held-out columns NULL
+    "gemm_config_samples": {"split_k": "INTEGER", "torch_kernel": "VARCHAR", "selection_match": "BOOLEAN",
+                            "lt_kernel": "VARCHAR", "config_source": "VARCHAR"},
 }
 
 

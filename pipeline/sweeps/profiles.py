@@ -53,6 +53,19 @@ class Profile:
     opencl_bench_sizes: tuple[int, ...] = (1 << 10, 1 << 13, 1 << 16)  # benchmark input sizes
     opencl_launch_timeout_s: float = 2.0  # one run of one launch; a hung kernel costs this much
     opencl_timing: TimingSpec = TimingSpec(warmup_s=0.0, budget_s=0.01, min_reps=5, max_reps=25)
+    # gemm_config_samples (CUDA only): cuBLASLt configurations, each swept at whole waves x K.
+    # The defaults are the GPU quick profile (~3-5 min on an H100); timing is gemm_timing.
+    gemm_config_ops: tuple[str, ...] = ("mm:NN", "linear:TN", "mm:NT", "bmm:NN")  # op:layout[+bias]
+    gemm_config_dtypes: tuple[str, ...] = ("float32", "tf32", "bfloat16", "float16")
+    gemm_config_shapes: tuple[tuple[int, int, int], ...] = (  # (M, N, K) where the heuristic is asked
+        (4096, 4096, 4096), (1024, 1024, 1024), (256, 4096, 4096), (4096, 256, 4096), (128, 128, 8192),
+        (8192, 8192, 128))
+    gemm_config_heuristic_top: int = 1  # configurations taken per shape, best first
+    gemm_config_enumerate: int = 0  # plus this many AlgoGetIds configurations passing AlgoCheck
+    gemm_config_max_configs: int = 2  # distinct configurations swept per (op, layout, dtype)
+    gemm_config_waves: tuple[int, ...] = (1, 4)
+    gemm_config_k: tuple[int, ...] = (32, 128, 512, 2048, 8192)
+    gemm_config_heldout: int = 6  # random shapes per (op, dtype): heuristic's choice vs torch's kernel
 
 
 POW2_K = tuple(2**i for i in range(5, 14))  # 32 ... 8192, PM2Lat's grid
@@ -75,6 +88,8 @@ PROFILES = {
         opencl_kernels=6, opencl_lsizes=1, opencl_settings=3, opencl_rebalance=0, opencl_max_combos=6,
         opencl_max_lsize=64, opencl_max_buffer_mb=16, opencl_bench_sizes=(1 << 10,), opencl_launch_timeout_s=2.0,
         opencl_timing=TimingSpec(warmup_s=0.0, budget_s=0.001, min_reps=3, max_reps=5),
+        gemm_config_shapes=((1024, 1024, 1024),), gemm_config_max_configs=1, gemm_config_waves=(1,),
+        gemm_config_k=(32, 256), gemm_config_heldout=1,
     ),
     "quick": Profile(
         name="quick", k_values=CPU_K, wave_step=4, max_gemm_outputs=1 << 25, max_point_flops=4e9,
@@ -100,6 +115,10 @@ PROFILES = {
         opencl_max_combos=36, opencl_max_lsize=1024, opencl_max_buffer_mb=512,
         opencl_bench_sizes=tuple(1 << i for i in range(10, 23)), opencl_launch_timeout_s=10.0,
         opencl_timing=TimingSpec(warmup_s=0.01, budget_s=0.1, min_reps=10, max_reps=100),
+        # ~45 min on an H100: 20 (op, dtype) x 6 configurations x 4 wave counts x 9 K x ~0.6 s
+        gemm_config_ops=("mm:NN", "linear:TN", "linear:TN+bias", "mm:NT", "bmm:NN"), gemm_config_heuristic_top=4,
+        gemm_config_enumerate=8, gemm_config_max_configs=6, gemm_config_waves=(1, 2, 4, 8), gemm_config_k=POW2_K,
+        gemm_config_heldout=100,
     ),
 }
 

@@ -162,17 +162,18 @@ class Lt:
 
         want = T.operand_shapes(prob.layout, prob.batch, prob.m, prob.n, prob.k)
         tdt = {"float32": torch.float32, "tf32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-        for name, t, shape in (("x", x, want[0]), ("w", w, want[1]), ("out", out, want[2])):
+        given = [("x", x, want[0]), ("w", w, want[1]), ("out", out, want[2])]
+        for name, t, shape in given + ([("bias", bias, (prob.n,))] if bias is not None else []):
             if tuple(t.shape) != shape or t.dtype != tdt[prob.dtype] or not t.is_contiguous() or not t.is_cuda:
                 raise CublasLtError(f"{name} must be a contiguous CUDA {prob.dtype} tensor of shape {shape} for "
                                     f"{prob}; got {tuple(t.shape)} {t.dtype}")
         if prob.bias != (bias is not None):
             raise CublasLtError(f"{prob}: bias tensor {'missing' if prob.bias else 'given'} for this problem")
+        if bias is not None:  # set before the check, as it will be when the kernel runs
+            prob._set(T.DESC_BIAS_POINTER, c_void_p(bias.data_ptr()))
         algo = self.algo_from_config(cfg, prob.dtype)
         if self.check(prob, algo) is None:
             raise CublasLtError(f"config {cfg.get('config_id', cfg)} fails cublasLtMatmulAlgoCheck for {prob}")
-        if bias is not None:
-            prob._set(T.DESC_BIAS_POINTER, c_void_p(bias.data_ptr()))
         desc, la, lb, lc, ld = prob.descriptors()
         alpha, beta = c_float(1.0), c_float(0.0)
         args = (self.handle, desc, byref(alpha), c_void_p(w.data_ptr()), la, c_void_p(x.data_ptr()), lb,
@@ -182,7 +183,9 @@ class Lt:
 
         def call() -> None:
             stream = torch.cuda.current_stream().cuda_stream  # the caller's stream, as torch ops use
-            _check(fn(*args, c_void_p(stream)), f"cublasLtMatmul({prob})")
+            status = fn(*args, c_void_p(stream))
+            if status:  # the message is built only on failure: this call is what gets timed
+                _check(status, f"cublasLtMatmul({prob})")
         call.keep = keep  # the tensors and ctypes values the pointers refer to stay alive
         return call
 

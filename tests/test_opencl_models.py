@@ -101,6 +101,17 @@ def test_split_keeps_kernels_and_sources_on_one_side(launches):
     assert groups[df["kernel_id"] == "k99"].iloc[0] == groups[df["kernel_name"] == "vadd"].iloc[0]
 
 
+def test_regression_heads_concat_or_mean_pool_the_tokens():
+    import torch
+
+    from pipeline.opencl_models.neural import Head
+
+    h, mask = torch.randn(3, 10, 8), torch.ones(3, 10)
+    assert Head(10, 8, 4, "concat")(h, mask).shape == (3,) and Head(10, 8, 4, "mean")(h, mask).shape == (3,)
+    with pytest.raises(ValueError, match="pooling"):
+        Head(10, 8, 4, "max")
+
+
 def test_empty_table_or_no_ok_rows_is_one_clear_error(launches):
     with pytest.raises(DevcharError, match="no rows"):
         ok_launches(launches.iloc[:0])

@@ -79,7 +79,7 @@ class LMNet(nn.Module):
         self.encoder = encoder
         layers = encoder.encoder.layer
         self.split = max(0, len(layers) - train_layers)
-        self.head = neural.Head(tokens, encoder.config.hidden_size, hidden)
+        self.head = neural.Head(tokens, encoder.config.hidden_size, hidden, size.pool)
         for name, p in encoder.named_parameters():
             p.requires_grad = self.split == 0 or any(name.startswith(f"encoder.layer.{i}.")
                                                      for i in range(self.split, len(layers)))

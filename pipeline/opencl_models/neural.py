@@ -17,15 +17,23 @@ WEIGHTS = "weights.safetensors"
 
 
 class Head(nn.Module):
-    """LLMPerf's regression head: the N token vectors (d each) concatenated into one N*d
-    vector (padding zeroed), then an MLP to one number."""
+    """Regression head. pool="concat" is LLMPerf's: the N token vectors (d each) concatenated
+    into one N*d vector (padding zeroed), then an MLP to one number; its weights are tied to
+    token positions, which needs many launches. pool="mean" averages the token vectors first
+    (position-free, d inputs), for small datasets."""
 
-    def __init__(self, tokens: int, dim: int, hidden: int):
+    def __init__(self, tokens: int, dim: int, hidden: int, pool: str = "concat"):
         super().__init__()
-        self.mlp = nn.Sequential(nn.Dropout(0.1), nn.Linear(tokens * dim, hidden), nn.GELU(), nn.Linear(hidden, 1))
+        if pool not in ("concat", "mean"):
+            raise ValueError(f"unknown pooling {pool!r}; expected 'concat' or 'mean'")
+        self.pool = pool
+        width = tokens * dim if pool == "concat" else dim
+        self.mlp = nn.Sequential(nn.Dropout(0.1), nn.Linear(width, hidden), nn.GELU(), nn.Linear(hidden, 1))
 
     def forward(self, h: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        return self.mlp((h * mask[..., None]).flatten(1))[:, 0]
+        h = h * mask[..., None]
+        x = h.flatten(1) if self.pool == "concat" else h.sum(1) / mask.sum(1, keepdim=True).clamp(min=1)
+        return self.mlp(x)[:, 0]
 
 
 def scaler(y_log2: np.ndarray) -> tuple[float, float]:

@@ -50,7 +50,7 @@ class ScratchNet(nn.Module):
         layer = nn.TransformerEncoderLayer(size.dim, size.heads, 2 * size.dim, dropout=0.1, batch_first=True,
                                            norm_first=True)
         self.encoder = nn.TransformerEncoder(layer, size.layers, enable_nested_tensor=False)
-        self.head = neural.Head(size.max_tokens, size.dim, size.dim)
+        self.head = neural.Head(size.max_tokens, size.dim, size.dim, size.pool)
 
     def forward(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         h = self.embed(ids) + self.pos(torch.arange(ids.shape[1], device=ids.device))[None]

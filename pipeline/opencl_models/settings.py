@@ -2,7 +2,7 @@
 
 `tiny` is for tests (seconds). `quick` is the CPU default: all three models together train
 in about two minutes on a 2-core machine, so the LM keeps MiniLM's first 4 of 6 layers,
-fine-tunes only the top one, on a capped sample of launches with prompts of 160 tokens.
+fine-tunes only the top one, on a sample of 640 launches with prompts of 160 tokens.
 `full` is for a GPU: prompts up to MiniLM's 512 positions, every layer trained, all launches;
 on a GPU `quick` also trains bigger (CUDA_SIZES).
 """
@@ -24,6 +24,7 @@ class LMSize:
     batch_size: int
     lr: float
     max_train_rows: int  # launches sampled for training (0: all)
+    pool: str = "concat"  # regression head: LLMPerf's "concat" of token vectors, or "mean"
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,7 @@ class ScratchSize:
     batch_size: int
     lr: float
     max_train_rows: int
+    pool: str = "concat"
 
 
 @dataclass(frozen=True)
@@ -48,7 +50,7 @@ class Sizes:
 
 SIZES = {
     "tiny": Sizes(LMSize(48, 2, 1, 16, 1, 8, 1e-4, 16), ScratchSize(96, 16, 1, 2, 500, 2, 8, 1e-3, 64), 20),
-    "quick": Sizes(LMSize(160, 4, 1, 32, 3, 16, 2e-4, 256), ScratchSize(192, 48, 2, 4, 2000, 6, 32, 5e-4, 320), 200),
+    "quick": Sizes(LMSize(160, 4, 1, 32, 3, 16, 2e-4, 640), ScratchSize(192, 48, 2, 4, 2000, 6, 32, 5e-4, 960), 200),
     "full": Sizes(LMSize(512, 6, 6, 256, 20, 16, 2e-5, 0), ScratchSize(512, 128, 4, 4, 8000, 40, 64, 3e-4, 0), 500),
 }
 

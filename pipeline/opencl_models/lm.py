@@ -112,7 +112,7 @@ class LMModel(neural.PromptModel):
 
     def encode(self, rows: pd.DataFrame) -> tuple[torch.Tensor, torch.Tensor, int]:
         tok, n = tokenizer(), self.size.max_tokens
-        prompts, cut = launch_prompts(rows, lambda t: len(tok(t)["input_ids"]), n)
+        prompts, cut = launch_prompts(rows, lambda t: len(tok(t, verbose=False)["input_ids"]), n)
         enc = tok(prompts, padding="max_length", max_length=n, truncation=True, return_tensors="pt")
         return enc["input_ids"], enc["attention_mask"], cut
 

@@ -149,6 +149,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default="runner-out", help="directory for the output files")
     ap.add_argument("--run-id", default=None)
     args = ap.parse_args(argv)
+    # torch's C++ warnings (the execution-trace observer announces itself on every capture)
+    # would bury the progress lines; errors still print. Set before torch is imported.
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
     from pipeline.errors import DevcharError
 
     names = all_sweeps(args.device) if args.sweeps == ["all"] else args.sweeps

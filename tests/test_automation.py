@@ -38,5 +38,6 @@ def test_recalibration_job_covers_samples_and_models_only():
     job = defs.resolve_job_def("recalibrate")
     keys = {k.to_user_string() for k in job.asset_layer.executable_asset_keys}
     assert keys == {"device_spec", "gemm_samples", "utility_samples", "attention_samples", "embedding_samples",
-                    "memory_samples", "workload_runs", "gemm_model", "utility_model", "attention_model",
-                    "embedding_model", "memory_model", "mlp_baselines"}
+                    "memory_samples", "overhead_samples", "workload_graphs", "opencl_launches", "workload_runs",
+                    "gemm_model", "utility_model", "attention_model", "embedding_model", "memory_model",
+                    "overhead_model", "opencl_models", "mlp_baselines"}  # no predictions, no evaluation

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib
 import json
 import os
 import sys
@@ -29,6 +30,19 @@ SWEEPS = {  # sweep name -> table it fills
     "opencl": "opencl_launches",
 }
 ALSO_WRITES = {"traces": ("overhead_samples",)}
+# sweep -> (module, function(dev, profile, log)); imported only when that sweep runs, so a
+# bare GPU node needs none of the others' dependencies
+SWEEP_FUNCS = {
+    "gemm": ("pipeline.sweeps.gemm", "sweep_gemm"),
+    "utility": ("pipeline.sweeps.utility", "sweep_utility"),
+    "attention": ("pipeline.sweeps.attention", "sweep_attention"),
+    "embedding": ("pipeline.sweeps.embedding", "sweep_embedding"),
+    "memory": ("pipeline.sweeps.memory", "sweep_memory"),
+    "workloads": ("pipeline.sweeps.workload_runs", "sweep_workloads"),
+    "traces": ("pipeline.sweeps.traces", "sweep_traces"),
+    "reference": ("pipeline.sweeps.reference_gemms", "sweep_reference"),
+    "gemm_configs": ("pipeline.sweeps.gemm_configs", "sweep_gemm_configs"),
+}
 
 
 def tables_of(sweep: str) -> tuple[str, ...]:
@@ -78,49 +92,16 @@ def run_sweep_tables(sweep: str, device: str = "auto", profile: str = "quick", r
     if sweep == "device":
         from pipeline.device.peaks import device_row
 
-        rows = [device_row(dev, quick=prof.name != "full")]
-    elif sweep == "gemm":
-        from pipeline.sweeps.gemm import sweep_gemm
-
-        rows = sweep_gemm(dev, prof, log)
-    elif sweep == "utility":
-        from pipeline.sweeps.utility import sweep_utility
-
-        rows = sweep_utility(dev, prof, log)
-    elif sweep == "embedding":
-        from pipeline.sweeps.embedding import sweep_embedding
-
-        rows = sweep_embedding(dev, prof, log)
-    elif sweep == "memory":
-        from pipeline.sweeps.memory import sweep_memory
-
-        rows = sweep_memory(dev, prof, log)
-    elif sweep == "attention":
-        from pipeline.sweeps.attention import sweep_attention
-
-        rows = sweep_attention(dev, prof, log)
-    elif sweep == "reference":
-        from pipeline.sweeps.reference_gemms import sweep_reference
-
-        rows = sweep_reference(dev, prof, log)
-    elif sweep == "gemm_configs":
-        from pipeline.sweeps.gemm_configs import sweep_gemm_configs
-
-        rows = sweep_gemm_configs(dev, prof, log)
-    elif sweep == "traces":
-        from pipeline.sweeps.traces import sweep_traces
-
-        tables = sweep_traces(dev, prof, log)
+        result = [device_row(dev, quick=prof.name != "full")]
     elif sweep == "opencl":  # resumable: a checkpoint under out_dir
         from pipeline.sweeps.opencl.sweep import sweep_opencl
 
-        rows = sweep_opencl(dev, prof, log, out_dir)
+        result = sweep_opencl(dev, prof, log, out_dir)
     else:
-        from pipeline.sweeps.workload_runs import sweep_workloads
-
-        rows = sweep_workloads(dev, prof, log)
-    if sweep != "traces":
-        tables = {SWEEPS[sweep]: rows}
+        module, func = SWEEP_FUNCS[sweep]
+        result = getattr(importlib.import_module(module), func)(dev, prof, log)
+    # a sweep returns its main table's rows, or {table: rows} when one run fills several
+    tables = result if isinstance(result, dict) else {SWEEPS[sweep]: result}
     for rows in tables.values():
         for r in rows:
             r["device"], r["run_id"] = dev.slug, run_id

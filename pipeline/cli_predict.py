@@ -29,15 +29,17 @@ def predict_captured(args) -> int:
     gemm = store.load(model_store_root(), args.device, "gemm_model")
     utility = store.load(model_store_root(), args.device, "utility_model")
     overheads, extra = _optional_models(args.device)
+    sync = _is_cpu(args.device)  # a GPU target: Algorithm 1's asynchronous CPU/GPU clocks
     dtype = check_dtype(args.dtype)
     if args.hf_config:
-        out = pc.predict_hf_config(args.hf_config, args.batch, args.seq, gemm, utility, overheads, dtype, extra=extra)
+        out = pc.predict_hf_config(args.hf_config, args.batch, args.seq, gemm, utility, overheads, dtype, extra=extra,
+                                   synchronous=sync)
         label = f"{out['model_type']} from {args.hf_config} batch={args.batch} seq={args.seq}"
         model, inputs = out["model"], out["inputs"]
     else:
         mod, _, attr = args.module.partition(":")
         model, inputs = getattr(importlib.import_module(mod), attr)()
-        out = pc.predict_module(model, inputs, gemm, utility, overheads, dtype, extra=extra)
+        out = pc.predict_module(model, inputs, gemm, utility, overheads, dtype, extra=extra, synchronous=sync)
         label = args.module
     cov = out["coverage"]
     host = "host overheads from the shared overhead model" if overheads else "no overhead model: kernels only"
@@ -49,6 +51,17 @@ def predict_captured(args) -> int:
         err = (out["e2e_us"] - m.median_us) / m.median_us
         print(f"measured {m.median_us / 1e3:.2f} ms here (5 warm-up, 25 runs; median): error {err:+.1%}")
     return 0
+
+
+def _is_cpu(device: str) -> bool:
+    """The device's kind from the warehouse (a reference GPU calibration may be loaded there),
+    else from its slug: local CPU slugs start with "cpu-"."""
+    wh = _warehouse()
+    if wh.has_table("devices"):
+        kinds = wh.query("SELECT kind FROM devices WHERE device = ?", [device])["kind"]
+        if len(kinds):
+            return kinds.iloc[0] == "cpu"
+    return device.startswith("cpu")
 
 
 def _optional_models(device: str):

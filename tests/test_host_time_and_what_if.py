@@ -170,3 +170,24 @@ def test_gpu_trace_kernels_go_to_the_op_that_launched_them():
     e2e = critical_path(graph, OverheadModel.fit(extract_overheads(trace)))
     assert e2e.active_us == 50 + 4 + 3 + 30
     assert abs(e2e.e2e_us - 130.0) / 130.0 < 0.1  # the trace spans 100 .. 230 µs
+
+
+def test_predict_module_for_a_gpu_target_walks_algorithm1_asynchronously(synthetic_gemm_model):
+    """A CPU-captured module priced for a GPU target: with tiny kernels and a 10 µs launch, the
+    host is the critical path (Fig. 4 left); the synchronous CPU mode would just add them up."""
+    from pipeline.predict.overheads import OverheadModel
+    from pipeline.predict.utility import UtilityModel
+    from pipeline.workloads.ops import UTILITY_OPS
+    from pipeline.workloads.predict_callable import predict_module
+
+    rows = [dict(op=op, dtype="float32", rows=r, cols=c, median_us=1.0, held_out=False)
+            for op in UTILITY_OPS for r in (1, 16, 256) for c in (64, 256, 1024)]
+    utility = UtilityModel.fit(pd.DataFrame(rows))
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 8)).eval()
+    gpu = OverheadModel({}, {"T1": 5.0, "T2": 2.0, "T3": 1.0, "T4": 10.0, "T5": 1.0, "T5_no_kernels": 3.0})
+    x = torch.randn(4, 8)
+    out = predict_module(model, x, synthetic_gemm_model, utility, gpu, synchronous=False)
+    assert out["e2e"].bound == "cpu" and out["e2e_us"] > out["kernel_only_us"]
+    sync = predict_module(model, x, synthetic_gemm_model, utility, gpu, synchronous=True)
+    assert sync["kernel_only_us"] == pytest.approx(out["kernel_only_us"])

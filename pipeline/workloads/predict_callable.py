@@ -1,8 +1,10 @@
 """Predict any PyTorch callable's latency: capture its graph on the CPU, re-price every op
 with devchar's models, and walk Algorithm 1 (DLRM paper §III-D) over the result.
 
-The CPU is the capture device, so `critical_path` runs in its synchronous mode: each
-"kernel" runs inline on the CPU clock. Host overheads come from `overheads`, an
+The CPU is the capture device. For a CPU target, `critical_path` runs in its synchronous
+mode (each "kernel" runs inline on the CPU clock); for a GPU target (`synchronous=False`,
+that device's models and overhead model) the same graph is walked asynchronously: each
+priced op launches one kernel, and host overheads can hide behind device time or not. Host overheads come from `overheads`, an
 OverheadModel fitted on *another* workload's trace (extract_overheads): the evaluated
 workload's own measured times never enter its prediction (see price.py).
 """
@@ -37,8 +39,9 @@ def _call(fn_or_module, inputs):
 
 def predict_module(fn_or_module, inputs, gemm_model, utility_model, overheads: OverheadModel | None,
                    dtype: str = "float32", *, keep_unmapped: bool = False, warmup: int = 2,
-                   execution_trace: bool = True, separate_timing: bool = True, extra=None) -> dict[str, Any]:
-    """capture -> price_graph -> critical_path(synchronous=True).
+                   execution_trace: bool = True, separate_timing: bool = True, extra=None,
+                   synchronous: bool = True) -> dict[str, Any]:
+    """capture -> price_graph -> critical_path (synchronous for a CPU target, see the module doc).
 
     Returns e2e_us, kernel_only_us (sum of re-priced kernels), coverage (price.py), per_op
     (a DataFrame, one row per captured op), e2e (the E2E record), graph (re-priced),
@@ -57,8 +60,8 @@ def predict_module(fn_or_module, inputs, gemm_model, utility_model, overheads: O
                               separate_timing=separate_timing)
     priced, coverage = price_graph(graph, info["shapes"], gemm_model, utility_model, dtype,
                                    keep_unmapped=keep_unmapped, scalars=info.get("scalars"), extra=extra,
-                                   synchronous=True)
-    e2e = critical_path(priced, overheads if overheads is not None else NO_OVERHEADS, synchronous=True)
+                                   synchronous=synchronous)
+    e2e = critical_path(priced, overheads if overheads is not None else NO_OVERHEADS, synchronous=synchronous)
     per_op = pd.DataFrame(coverage["ops"])
     per_op.insert(2, "parent", [graph.op(i).parent for i in per_op["id"]])
     per_op["shapes"] = [info["shapes"].get(i) for i in per_op["id"]]

@@ -3,16 +3,8 @@ graphs and the peer-reference comparison (split from cli.py, which parses and di
 from __future__ import annotations
 
 
-def _warehouse():
-    from resources.warehouse import DuckDBWarehouse
-
-    return DuckDBWarehouse()
-
-
-def _local_slug(device: str | None) -> str:
-    from pipeline.device.discover import identify
-
-    return device or identify("auto").slug
+from pipeline.cli import _local_slug, _warehouse  # cli imports this module only inside commands
+from pipeline.errors import DevcharError
 
 
 def predict_captured(args) -> int:
@@ -21,13 +13,10 @@ def predict_captured(args) -> int:
     (fitted on the traced workloads; the model predicted here is never one of them)."""
     import importlib
 
-    from pipeline.config import model_store_root
     from pipeline.dtypes import check_dtype
-    from pipeline.predict import store
     from pipeline.workloads import predict_callable as pc
 
-    gemm = store.load(model_store_root(), args.device, "gemm_model")
-    utility = store.load(model_store_root(), args.device, "utility_model")
+    gemm, utility = _load_model(args.device, "gemm_model"), _load_model(args.device, "utility_model")
     overheads, extra = _optional_models(args.device)
     sync = _is_cpu(args.device)  # a GPU target: Algorithm 1's asynchronous CPU/GPU clocks
     dtype = check_dtype(args.dtype)
@@ -66,15 +55,13 @@ def _is_cpu(device: str) -> bool:
 
 def _optional_models(device: str):
     """(overhead model or None, RecsysOps with whichever embedding/memory models exist)."""
-    from pipeline.config import model_store_root
     from pipeline.errors import MissingModelError
-    from pipeline.predict import store
     from pipeline.workloads.price_recsys import RecsysOps
 
     got = {}
     for name in ("overhead_model", "embedding_model", "memory_model"):
         try:
-            got[name] = store.load(model_store_root(), device, name)
+            got[name] = _load_model(device, name)
         except MissingModelError:
             got[name] = None
     return got["overhead_model"], RecsysOps(got["embedding_model"], got["memory_model"])
@@ -102,7 +89,7 @@ def cmd_what_if(args) -> int:
     key = {k: row[k] for k in gp.KEY}
     overheads = gp.overheads_for(wh.device_rows("overhead_samples", device), key)
     models = {m: _load_model(device, m) for m in ("gemm_model", "utility_model", "embedding_model", "memory_model")}
-    sync = wh.device_rows("devices", device)["kind"].iloc[0] == "cpu"
+    sync = _is_cpu(device)
 
     def show(label, g, shp, sc):
         got = gp.predict_graph(g, shp, sc, models, row["dtype"], overheads, sync)
@@ -146,8 +133,10 @@ def cmd_reference(args) -> int:
 
     device = _local_slug(args.device)
     wh = _warehouse()
-    ours = wh.device_rows("reference_timings", device) if wh.has_table("reference_timings") and not \
-        wh.query("SELECT count(*) AS n FROM reference_timings WHERE device = ?", [device])["n"].iloc[0] == 0 else None
+    try:
+        ours = wh.device_rows("reference_timings", device)
+    except DevcharError:  # not timed on this device (yet): the peer comparison alone
+        ours = None
     table = compare(_load_model(device, "gemm_model"), peers(), ours)
     if ours is None:
         print(f"(no reference_timings for {device}: run `python -m pipeline.runner reference` on it and "

@@ -23,10 +23,10 @@ REFERENCE_SHAPES = REPO_ROOT / "pipeline" / "sweeps" / "reference_shapes.csv"
 SHAPE_COLS = ["source", "op", "dtype", "batch", "m", "n", "k"]
 # Vidur's GEMMs per layer (README there): input width, output width, both before the TP split.
 _VIDUR_GEMMS = {
-    "attn_pre_proj": lambda r: (r.n_embd, (r.n_head + 2 * r.n_kv_head) * (r.n_embd // r.n_head)),
-    "attn_post_proj": lambda r: (r.n_embd, r.n_embd),
-    "mlp_up_proj": lambda r: (r.n_embd, r.n_expanded_embd * (2 if r.use_gated_mlp else 1)),
-    "mlp_down_proj": lambda r: (r.n_expanded_embd, r.n_embd),
+    "attn_pre_proj": lambda r: (r["n_embd"], (r["n_head"] + 2 * r["n_kv_head"]) * (r["n_embd"] // r["n_head"])),
+    "attn_post_proj": lambda r: (r["n_embd"], r["n_embd"]),
+    "mlp_up_proj": lambda r: (r["n_embd"], r["n_expanded_embd"] * (2 if r["use_gated_mlp"] else 1)),
+    "mlp_down_proj": lambda r: (r["n_expanded_embd"], r["n_embd"]),
 }
 
 
@@ -59,21 +59,16 @@ def vidur_gemms(root: Path | None = None) -> pd.DataFrame:
     rows = []
     for name in ("llama-2-7b-mlp", "phi-2-mlp"):
         df = pd.read_csv(_need(root / "vidur-h100" / f"{name}.csv"))
-        for r in df.itertuples():
-            tp = int(r.num_tensor_parallel_workers)
+        for r in df.to_dict("records"):
+            tp = int(r["num_tensor_parallel_workers"])
             for op, widths in _VIDUR_GEMMS.items():
                 k_in, n_out = widths(r)
                 # column-parallel layers split the output, row-parallel ones the input
                 k, n = (k_in // tp, n_out) if op in ("attn_post_proj", "mlp_down_proj") else (k_in, n_out // tp)
                 rows.append({"source": f"vidur-{name}", "op": "linear", "dtype": "float16", "batch": 1,
-                             "m": int(r.num_tokens), "n": int(n), "k": int(k), "layer": op,
-                             "peer_us": getattr(r, f"_{_col(df, op)}") * 1e3})
+                             "m": int(r["num_tokens"]), "n": int(n), "k": int(k), "layer": op,
+                             "peer_us": r[f"time_stats.{op}.median"] * 1e3})
     return pd.DataFrame(rows)
-
-
-def _col(df: pd.DataFrame, op: str) -> int:
-    """itertuples renames dotted columns to _<position>: the position of the op's median."""
-    return list(df.columns).index(f"time_stats.{op}.median") + 1
 
 
 def peers(root: Path | None = None) -> pd.DataFrame:

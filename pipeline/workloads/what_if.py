@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import difflib
 import math
-from dataclasses import replace
 
 from pipeline.errors import BadShapeError, check_dims
 from pipeline.predict.graph import ExecutionGraph, Op
@@ -116,8 +115,3 @@ def fuse_embedding_bags(graph: ExecutionGraph, shapes: dict, scalars: dict) -> t
     fused = graph.remove_ops(lambda op: op.id in remove)
     keep = {o.id for o in fused}
     return fused, {k: v for k, v in shapes.items() if k in keep}, {k: v for k, v in scalars.items() if k in keep}
-
-
-def rename(graph: ExecutionGraph, op_id: int, name: str) -> ExecutionGraph:
-    """A graph with one op renamed (e.g. to route it to another model)."""
-    return ExecutionGraph(replace(op, name=name) if op.id == op_id else op for op in graph.ops)

@@ -3,6 +3,7 @@ import dagster as dg
 
 from assets.attention import attention_model, attention_samples
 from assets.dlrm_kernels import embedding_model, embedding_samples, memory_model, memory_samples
+from assets.gemm_configs import gemm_config_model, gemm_config_sweep
 from assets.evaluation import mlp_baselines, model_evaluation
 from assets.models import gemm_model, utility_model
 from assets.opencl import opencl_launches
@@ -23,7 +24,7 @@ defs = dg.Definitions(
     assets=[device_spec, gemm_samples, utility_samples, attention_samples, embedding_samples, memory_samples,
             workload_runs, gemm_model, utility_model, attention_model, embedding_model, memory_model, mlp_baselines,
             model_evaluation, overhead_traces, overhead_model, transformer_predictions, dlrm_predictions,
-            accuracy_report, opencl_launches, opencl_models],
+            accuracy_report, opencl_launches, opencl_models, gemm_config_sweep, gemm_config_model],
     resources={"warehouse": DuckDBWarehouse(), "tracking": MLflowTracking(), "device_runner": DeviceRunner(),
                "model_store": ModelStore()},
     jobs=[characterize_device, recalibrate],

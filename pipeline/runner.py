@@ -29,7 +29,7 @@ SWEEPS = {  # sweep name -> table it fills
     "gemm_configs": "gemm_config_samples",  # cuBLASLt configurations one by one (CUDA only)
     "opencl": "opencl_launches",
 }
-ALSO_WRITES = {"traces": ("overhead_samples",)}
+ALSO_WRITES = {"traces": ("overhead_samples",), "gemm_configs": ("gemm_config_choices",)}
 # sweep -> (module, function(dev, profile, log)); imported only when that sweep runs, so a
 # bare GPU node needs none of the others' dependencies
 SWEEP_FUNCS = {

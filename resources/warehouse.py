@@ -14,7 +14,7 @@ from pipeline.errors import DevcharError
 
 TABLES = ("devices", "gemm_samples", "utility_samples", "attention_samples", "embedding_samples", "memory_samples",
           "overhead_samples", "workload_graphs", "opencl_launches", "workload_runs", "predictions", "model_errors",
-          "reference_timings", "gemm_config_samples")
+          "reference_timings", "gemm_config_samples", "gemm_config_choices")
 
 
 # Columns that one kind of device leaves NULL (a CPU has no CUDA version, no tf32 peak):

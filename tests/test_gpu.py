@@ -138,3 +138,12 @@ def test_gemm_configs_tiny_sweep_writes_rows(tmp_path):
     assert (train["waves"] == 1).all()  # the tiny profile sweeps one whole wave of each config's tile
     assert len(held) and held["torch_kernel"].notna().all()
     print(df.groupby(["op", "layout", "dtype"])["kernel"].nunique(), "selection match:", held["selection_match"].mean())
+    choices = pd.read_parquet(tmp_path / "gemm_config_choices.parquet")
+    assert len(choices) and choices["kernel"].str.startswith("lt-a").all() and choices["swept"].any()
+    pytest.importorskip("sklearn")  # the selector's fit; a bare GPU node may not have it
+    from pipeline.predict.gemm_configs import GemmConfigModel
+
+    model = GemmConfigModel.fit(train, choices)
+    ev = model.evaluate(held)
+    assert (ev["predicted_us"] > 0).all()
+    print("selector vs heuristic on held-out shapes:", ev["selector_agrees"].mean())

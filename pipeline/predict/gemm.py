@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import pandas as pd
 
 from pipeline.dtypes import check_dtype
 from pipeline.errors import BadShapeError, MissingModelError, check_positive_arrays
@@ -32,6 +33,7 @@ class GemmTable:
     waves: np.ndarray  # (W,) whole-wave counts measured, ascending
     ks: np.ndarray  # (K,) K values measured, ascending
     thr: np.ndarray  # (W, K) padded FLOPs per microsecond
+    split_k: int = 1  # blocks per output tile (a cuBLASLt configuration's split-K); waves count blocks
 
     def to_dict(self) -> dict:
         d = self.__dict__.copy()
@@ -54,9 +56,9 @@ class GemmTable:
 
     def predict_us(self, m, n, k, batch) -> np.ndarray:
         # Below the smallest wave count or K measured, the duration is held: a latency floor.
-        w = np.maximum(count_waves(m, n, batch, self.tile_m, self.tile_n, self.slots), self.waves[0])
+        w = np.maximum(count_waves(m, n, batch, self.tile_m, self.tile_n, self.slots, self.split_k), self.waves[0])
         kk = np.maximum(np.asarray(k, dtype=float), self.ks[0])
-        padded_flops = (2.0 * self.slots * self.tile_m * self.tile_n) * w * kk
+        padded_flops = (2.0 * self.slots * self.tile_m * self.tile_n / self.split_k) * w * kk
         return padded_flops / self.throughput(w, kk)
 
 
@@ -88,6 +90,19 @@ def fill_capped(thr: np.ndarray, ks: np.ndarray) -> np.ndarray:
     return out
 
 
+def selector_labels(samples, choices, tables):
+    """The shapes the selector learns from: `choices` limited to kernels that have a table,
+    and, for an (op, dtype) no usable choice covers, the training rows themselves."""
+    if choices is None or not len(choices):
+        return samples
+    choices = choices[[(o, d, str(kn)) in tables for o, d, kn in zip(choices["op"], choices["dtype"],
+                                                                      choices["kernel"])]]
+    covered = set(zip(choices["op"], choices["dtype"]))
+    rest = samples[[(o, d) not in covered for o, d in zip(samples["op"], samples["dtype"])]]
+    cols = ["op", "dtype", "m", "n", "k", "batch", "kernel"]
+    return pd.concat([choices[cols], rest[cols]], ignore_index=True)
+
+
 CHUNK = 1 << 15
 
 
@@ -100,22 +115,27 @@ class GemmModel:
         self.tables, self.selector = tables, selector
 
     @staticmethod
-    def fit(samples) -> "GemmModel":
-        """samples: a DataFrame of gemm_samples rows; held-out rows are refused, not silently used."""
+    def fit(samples, choices=None) -> "GemmModel":
+        """samples: gemm_samples (or one layout's gemm_config_samples) rows; held-out rows are
+        refused, not silently used. The selector learns from the kernel each training shape ran,
+        or, given `choices` (shapes labelled with the configuration the device's heuristic picks,
+        gemm_config_choices), from those: a per-configuration sweep runs every configuration at
+        every point, so its own rows say nothing about which one the device would pick."""
         if bool(samples["held_out"].any()):
             raise ValueError("GemmModel.fit got held-out rows; fit on training rows only")
         tables = {}
         for (op, dtype, kernel), g in samples.groupby(["op", "dtype", "kernel"]):
             tm, tn = (int(g[c].mode().iloc[0]) for c in ("tile_m", "tile_n"))
+            split_k = int(g["split_k"].fillna(1).mode().iloc[0]) if "split_k" in g else 1
             slots = int(g["slots"].iloc[0])
-            g = g.assign(thr=2.0 * g["waves"] * slots * tm * tn * g["k"] / g["median_us"])
+            g = g.assign(thr=2.0 * g["waves"] * slots * tm * tn * g["k"] / (split_k * g["median_us"]))
             grid = g.pivot_table(index="waves", columns="k", values="thr", aggfunc="median").sort_index()
             grid = grid.sort_index(axis=1)
             ks = grid.columns.to_numpy(float)
             tables[(op, dtype, str(kernel))] = GemmTable(op, dtype, str(kernel), tm, tn, slots,
                                                          grid.index.to_numpy(float), ks,
-                                                         fill_capped(grid.to_numpy(float), ks))
-        return GemmModel(tables, KernelSelector.fit(samples))
+                                                         fill_capped(grid.to_numpy(float), ks), split_k)
+        return GemmModel(tables, KernelSelector.fit(selector_labels(samples, choices, tables)))
 
     def check(self, op: str, dtype: str) -> None:
         check_dtype(dtype)

@@ -13,12 +13,13 @@ def _ceil_div(a, b: int):
     return -(-np.asarray(a, dtype=np.int64) // b)  # integer ceiling: exact, and faster than float ceil
 
 
-def blocks(m, n, batch, tile_m: int, tile_n: int):
-    return _ceil_div(m, tile_m) * _ceil_div(n, tile_n) * np.asarray(batch, dtype=np.int64)
+def blocks(m, n, batch, tile_m: int, tile_n: int, split_k: int = 1):
+    """Thread blocks launched; split-K puts split_k blocks on each output tile."""
+    return _ceil_div(m, tile_m) * _ceil_div(n, tile_n) * np.asarray(batch, dtype=np.int64) * split_k
 
 
-def waves(m, n, batch, tile_m: int, tile_n: int, slots: int):
-    return _ceil_div(blocks(m, n, batch, tile_m, tile_n), slots)
+def waves(m, n, batch, tile_m: int, tile_n: int, slots: int, split_k: int = 1):
+    return _ceil_div(blocks(m, n, batch, tile_m, tile_n, split_k), slots)
 
 
 def near_square(tiles: int) -> tuple[int, int]:

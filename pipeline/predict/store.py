@@ -22,11 +22,12 @@ from pipeline.predict.attention import AttentionModel
 from pipeline.predict.baselines import BASELINES as BASELINE_CLASSES
 from pipeline.predict.embedding import EmbeddingModel
 from pipeline.predict.gemm import GemmModel
+from pipeline.predict.gemm_configs import GemmConfigModel
 from pipeline.predict.memory import MemoryModel
 from pipeline.predict.overheads import OverheadModel
 from pipeline.predict.utility import UtilityModel
 
-LOADERS = {"gemm_model": GemmModel.from_dict, "utility_model": UtilityModel.from_dict,
+LOADERS = {"gemm_model": GemmModel.from_dict, "gemm_config_model": GemmConfigModel.from_dict, "utility_model": UtilityModel.from_dict,
            "attention_model": AttentionModel.from_dict, "embedding_model": EmbeddingModel.from_dict,
            "memory_model": MemoryModel.from_dict, "overhead_model": OverheadModel.from_dict,
            **{name: cls.from_dict for name, cls in BASELINE_CLASSES.items()}}

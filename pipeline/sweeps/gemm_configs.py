@@ -1,8 +1,9 @@
 """gemm_config_samples: PM2Lat III-C once per cuBLASLt kernel configuration (CUDA only).
 
-For each (op, layout, dtype): the distinct configurations cublasLtMatmulAlgoGetHeuristic returns
-over a few representative shapes (plus, optionally, AlgoGetIds ones that pass AlgoCheck). Each
-configuration is then run by itself (cuBLASLt, not torch) at a fixed tile and whole numbers of
+For each (op, layout, dtype): the heuristic's first choice (cublasLtMatmulAlgoGetHeuristic) at
+random shapes goes to gemm_config_choices, which the offline selector learns from; the
+configurations it picks most often, then its runners-up at a few representative shapes (plus,
+optionally, AlgoGetIds ones that pass AlgoCheck), are swept. Each configuration is run by itself (cuBLASLt, not torch) at a fixed tile and whole numbers of
 waves -- its own tile, its own split-K, the SM count -- with K over powers of two, timed by the
 harness. Held-out random shapes record the heuristic's first choice beside the kernel torch ran
 (profiler names on both sides), so selection accuracy can be reported.
@@ -12,7 +13,10 @@ UNTESTED ON A GPU (written without one): tests/test_gpu.py runs it on the tiny p
 from __future__ import annotations
 
 import math
+from collections import Counter
 from dataclasses import replace
+
+import numpy as np
 
 from pipeline.device.discover import DeviceIdentity
 from pipeline.errors import DevcharError
@@ -84,7 +88,32 @@ def _torch_fn(op: str, layout: str, x, w, bias):
     return (lambda: torch.bmm(xe, we)) if op == "bmm" else (lambda: torch.mm(xe, we))
 
 
-def _discover(lt, op: str, layout: str, bias: bool, dtype: str, profile: Profile) -> list[dict]:
+def selection_shapes(op: str, profile: Profile, seed: int = 1) -> list[tuple[int, int, int, int]]:
+    """(batch, M, N, K) at which the heuristic's choice is recorded (not timed): the discovery
+    shapes plus log-uniform random ones in the held-out ranges (another seed than held-out's)."""
+    rng = np.random.default_rng(seed)
+    n = profile.gemm_config_selection
+
+    def loguni(hi: int) -> np.ndarray:
+        return np.exp(rng.uniform(0, np.log(hi), n)).round().astype(int).clip(1, hi)
+
+    if op == "bmm":
+        hi = profile.heldout_max_bmm
+        dims = [loguni(min(hi, 64)), loguni(hi), loguni(hi), loguni(hi)]
+    else:
+        dims = [np.ones(n, int), loguni(profile.heldout_max_mn), loguni(profile.heldout_max_mn),
+                loguni(profile.heldout_max_k)]
+    return discovery_shapes(op, profile) + [tuple(int(x) for x in p) for p in zip(*dims)]
+
+
+def pick_configs(chosen: list[str], alternates: list[str], max_configs: int) -> list[str]:
+    """The configurations to sweep: those the heuristic picks most often first (they cover
+    the most shapes), then alternates (its runners-up, enumerated ones), max_configs in all."""
+    ranked = [c for c, _ in Counter(chosen).most_common()]
+    return list(dict.fromkeys(ranked + alternates))[:max_configs]
+
+
+def _alternates(lt, op: str, layout: str, bias: bool, dtype: str, profile: Profile) -> list[dict]:
     found: dict[str, dict] = {}
     for b, m, n, k in discovery_shapes(op, profile):
         with lt.problem(dtype, layout, b, m, n, k, bias) as prob:
@@ -94,7 +123,33 @@ def _discover(lt, op: str, layout: str, bias: bool, dtype: str, profile: Profile
                           for c in lt.enumerate(prob, profile.gemm_config_enumerate)]
         for c in cands:
             found.setdefault(c["config_id"], c)
-    return list(found.values())[: profile.gemm_config_max_configs]
+    return list(found.values())
+
+
+def _discover(lt, key: tuple, profile: Profile) -> tuple[list[dict], list[dict]]:
+    """(configurations to sweep, gemm_config_choices rows): the heuristic's first choice at
+    every selection shape, which the offline selector learns from."""
+    op, layout, bias, dtype = key
+    configs: dict[str, dict] = {}
+    choices = []
+    for b, m, n, k in selection_shapes(op, profile):
+        with lt.problem(dtype, layout, b, m, n, k, bias) as prob:
+            top = lt.heuristic(prob, 1)
+        if not top:
+            continue
+        cfg = configs.setdefault(top[0]["config_id"], dict(top[0], config_source="heuristic"))
+        tile_m, tile_n = T.torch_tile(cfg) if cfg["tile_rows"] else NOMINAL_TILE
+        choices.append({"op": op, "layout": layout, "bias": bias, "dtype": dtype, "batch": b, "m": m, "n": n, "k": k,
+                        "kernel": cfg["config_id"], "tile_m": tile_m, "tile_n": tile_n,
+                        "split_k": max(cfg["split_k"], 1)})
+    alternates = _alternates(lt, op, layout, bias, dtype, profile)
+    for c in alternates:
+        configs.setdefault(c["config_id"], c)
+    picked = pick_configs([c["kernel"] for c in choices], [c["config_id"] for c in alternates],
+                          profile.gemm_config_max_configs)
+    for c in choices:
+        c["swept"] = c["kernel"] in picked
+    return [configs[c] for c in picked], choices
 
 
 def _row(dev: DeviceIdentity, cfg: dict, key: tuple, point: tuple, res, meas, profile: Profile, **extra) -> dict:
@@ -161,10 +216,12 @@ def sweep_gemm_configs(dev: DeviceIdentity, profile: Profile, log=None) -> list[
     rows: list[dict] = []
     with Lt() as lt:
         workspace = torch.empty(lt.workspace_bytes, dtype=torch.uint8, device="cuda")
-        plan = []
+        plan, choices = [], []
         for key in keys:
             _set_tf32(key[3])
-            for cfg in _discover(lt, key[0], key[1], key[2], key[3], profile):
+            configs, picked = _discover(lt, key, profile)
+            choices += picked
+            for cfg in configs:
                 tm, tn = T.torch_tile(cfg) if cfg["tile_rows"] else NOMINAL_TILE
                 pts = config_points(tm, tn, max(cfg["split_k"], 1), dev.sm_count, profile.gemm_config_waves,
                                     profile.gemm_config_k, profile.max_gemm_outputs, profile.max_point_flops,
@@ -186,4 +243,5 @@ def sweep_gemm_configs(dev: DeviceIdentity, profile: Profile, log=None) -> list[
                        "or the heuristic had nothing)")
     if not rows:
         raise DevcharError("gemm_configs measured nothing: cuBLASLt returned no usable configuration")
-    return rows
+    version = rows[0]["cublaslt_version"]
+    return {"gemm_config_samples": rows, "gemm_config_choices": [dict(c, cublaslt_version=version) for c in choices]}

@@ -66,6 +66,7 @@ class Profile:
     gemm_config_waves: tuple[int, ...] = (1, 4)
     gemm_config_k: tuple[int, ...] = (32, 128, 512, 2048, 8192)
     gemm_config_heldout: int = 6  # random shapes per (op, dtype): heuristic's choice vs torch's kernel
+    gemm_config_selection: int = 300  # random shapes per (op, layout, dtype) whose heuristic choice is recorded
 
 
 POW2_K = tuple(2**i for i in range(5, 14))  # 32 ... 8192, PM2Lat's grid
@@ -89,7 +90,7 @@ PROFILES = {
         opencl_max_lsize=64, opencl_max_buffer_mb=16, opencl_bench_sizes=(1 << 10,), opencl_launch_timeout_s=2.0,
         opencl_timing=TimingSpec(warmup_s=0.0, budget_s=0.001, min_reps=3, max_reps=5),
         gemm_config_shapes=((1024, 1024, 1024),), gemm_config_max_configs=1, gemm_config_waves=(1,),
-        gemm_config_k=(32, 256), gemm_config_heldout=1,
+        gemm_config_k=(32, 256), gemm_config_heldout=1, gemm_config_selection=8,
     ),
     "quick": Profile(
         name="quick", k_values=CPU_K, wave_step=4, max_gemm_outputs=1 << 25, max_point_flops=4e9,
@@ -118,7 +119,7 @@ PROFILES = {
         # ~45 min on an H100: 20 (op, dtype) x 6 configurations x 4 wave counts x 9 K x ~0.6 s
         gemm_config_ops=("mm:NN", "linear:TN", "linear:TN+bias", "mm:NT", "bmm:NN"), gemm_config_heuristic_top=4,
         gemm_config_enumerate=8, gemm_config_max_configs=6, gemm_config_waves=(1, 2, 4, 8), gemm_config_k=POW2_K,
-        gemm_config_heldout=100,
+        gemm_config_heldout=100, gemm_config_selection=2000,
     ),
 }
 

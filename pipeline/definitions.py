@@ -3,8 +3,8 @@ import dagster as dg
 
 from assets.attention import attention_model, attention_samples
 from assets.dlrm_kernels import embedding_model, embedding_samples, memory_model, memory_samples
-from assets.gemm_configs import gemm_config_model, gemm_config_sweep
 from assets.evaluation import mlp_baselines, model_evaluation
+from assets.gemm_configs import gemm_config_model, gemm_config_sweep
 from assets.models import gemm_model, utility_model
 from assets.opencl import opencl_launches
 from assets.opencl_models import opencl_models

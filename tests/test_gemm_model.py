@@ -125,3 +125,31 @@ def test_cells_below_the_first_measured_k_never_take_negative_time():
     thr = np.array([[10.0, 20.0, 40.0], [np.nan, np.nan, 20.0]])
     filled = fill_capped(thr, ks)[1]  # per-wave times: below 0.1 each; this row 0.2 at K = 4
     np.testing.assert_allclose(ks / filled, [0.2, 0.2, 0.2])
+
+
+def test_granularity_finds_the_padding_step():
+    from pipeline.sweeps.tile_probe import PROBE_DIMS, granularity
+
+    xs = np.array(PROBE_DIMS)
+    steps16 = 60.0 * np.ceil(xs / 16) + 8  # AVX-512 fp32: N = 2 ... 16 cost the same
+    assert granularity(xs, steps16) == 16
+    assert granularity(xs, 3.0 * xs + 5) == 1  # no padding: linear in the size
+    assert granularity(xs, 10.0 * np.ceil(xs / 4) + 1) == 4
+    noisy = steps16 * (1 + 0.03 * np.random.default_rng(0).standard_normal(xs.size))
+    assert granularity(xs, noisy) == 16
+    with pytest.raises(ValueError, match="positive"):
+        granularity(xs, np.zeros(xs.size))
+
+
+def test_probed_tile_lays_out_whole_waves():
+    from pipeline.device.discover import identify
+    from pipeline.predict.geometry import waves
+    from pipeline.sweeps.gemm import slots_for, training_points
+    from pipeline.sweeps.profiles import get_profile
+
+    dev = identify("cpu")
+    tiles = {(op, dt): (1, 16) for op in ("mm", "bmm", "linear") for dt in ("float32", "bfloat16")}
+    pts = training_points(dev, get_profile("tiny"), tiles)
+    assert pts and all(p.n % 16 == 0 for p in pts)
+    slots = slots_for(dev)
+    assert all(waves(p.m, p.n, p.batch, 1, 16, slots) * slots * 16 == p.m * p.n * p.batch for p in pts)

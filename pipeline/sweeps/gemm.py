@@ -19,9 +19,9 @@ from pipeline.sweeps.profiles import Profile, wave_counts
 from pipeline.workloads.ops import GEMM_OPS
 
 # Nominal tile used to lay out whole waves. On CUDA the tile actually used is parsed from
-# the kernel name where it says. The CPU has no tiles the model can see: an 8 x 8 "tile"
-# per thread is only the table's resolution, fine enough that skinny and tiny GEMMs
-# (GEMV-like, one-token decoding) fall inside the measured grid instead of below it.
+# the kernel name where it says. On the CPU the padding steps of M and N are measured per
+# (op, dtype) (tile_probe.py: 1 x 16 on AVX-512); 8 x 8 is only the fallback resolution for a
+# kernel the probe did not see, fine enough that skinny and tiny GEMMs fall inside the grid.
 NOMINAL_TILE = {"cuda": (128, 128), "cpu": (8, 8)}
 LAYOUT = {"mm": "NN", "bmm": "NN", "linear": "TN"}
 _TILE_RE = re.compile(r"(\d{2,3})x(\d{2,3})")
@@ -42,12 +42,14 @@ def slots_for(dev: DeviceIdentity) -> int:
     return int(dev.sm_count if dev.kind == "cuda" else dev.threads or 1)
 
 
-def training_points(dev: DeviceIdentity, profile: Profile) -> list[GemmPoint]:
-    tile_m, tile_n = NOMINAL_TILE[dev.kind]
+def training_points(dev: DeviceIdentity, profile: Profile,
+                    tiles: dict[tuple[str, str], tuple[int, int]] | None = None) -> list[GemmPoint]:
+    """Whole waves of each (op, dtype)'s tile (`tiles`, measured on the CPU; nominal otherwise) x K."""
     slots = slots_for(dev)
     pts = []
     for dtype in dtypes_for(dev.kind):
         for op in GEMM_OPS:
+            tile_m, tile_n = (tiles or {}).get((op, dtype), NOMINAL_TILE[dev.kind])
             for w in wave_counts(profile, slots, tile_m, tile_n):
                 # bmm: a batch of up to 8 matrices shares the whole waves' tiles, so inputs
                 # stay the size of the mm ones (a tile per matrix would need huge batches).
@@ -114,11 +116,33 @@ def _kernel_name(fn, dev: DeviceIdentity, op: str, dtype: str) -> str:
     return (gemm or names or ["unknown"])[0][:200]
 
 
-def _tile_of(kernel: str, kind: str, dtype: str) -> tuple[int, int]:
+def _tile_of(kernel: str, kind: str, dtype: str, probed: dict[str, tuple[int, int]] | None = None) -> tuple[int, int]:
     if kind == "cpu" and kernel == ATEN_KERNEL and dtype in ("bfloat16", "float16"):
         return (1, 1)  # ATen's reduced-precision fallback is a plain loop nest: nothing is padded
+    if probed and kernel in probed:
+        return probed[kernel]
     m = _TILE_RE.search(kernel) if kind == "cuda" else None
     return (int(m.group(1)), int(m.group(2))) if m else NOMINAL_TILE[kind]
+
+
+def cpu_tiles(dev: DeviceIdentity, profile: Profile, log=None) -> dict[tuple[str, str], tuple[int, int, str]]:
+    """(op, dtype) -> (tile_m, tile_n, kernel): the measured padding steps (tile_probe.py)."""
+    from pipeline.sweeps.tile_probe import probe_tile
+
+    def time_us(op, dtype):
+        return lambda m, n, k: measure(_gemm_callable(op, dtype, 1, m, n, k, dev.torch_device),
+                                       profile.gemm_timing, dev.torch_device).median_us
+
+    def kernel(op, dtype):
+        return lambda m, n, k: cpu_kernel_name(_gemm_callable(op, dtype, 1, m, n, k, dev.torch_device))
+
+    out = {}
+    for dtype in dtypes_for(dev.kind):
+        for op in GEMM_OPS:
+            out[(op, dtype)] = probe_tile(time_us(op, dtype), kernel(op, dtype))
+            (log or print)(f"gemm_samples: {op} {dtype} pads M by {out[(op, dtype)][0]} and N by "
+                           f"{out[(op, dtype)][1]} ({out[(op, dtype)][2]})")
+    return out
 
 
 def _set_tf32(dtype: str) -> None:
@@ -129,7 +153,8 @@ def _set_tf32(dtype: str) -> None:
 
 
 def sweep_gemm(dev: DeviceIdentity, profile: Profile, log=None) -> list[dict]:
-    pts = training_points(dev, profile) + heldout_points(dev, profile)
+    tiles = cpu_tiles(dev, profile, log) if dev.kind == "cpu" else {}
+    pts = training_points(dev, profile, {key: t[:2] for key, t in tiles.items()}) + heldout_points(dev, profile)
     slots = slots_for(dev)
     prog = Progress("gemm_samples", len(pts), log)
     rows = []
@@ -137,7 +162,8 @@ def sweep_gemm(dev: DeviceIdentity, profile: Profile, log=None) -> list[dict]:
         _set_tf32(p.dtype)
         fn = _gemm_callable(p.op, p.dtype, p.batch, p.m, p.n, p.k, dev.torch_device)
         kernel = _kernel_name(fn, dev, p.op, p.dtype)
-        tm, tn = _tile_of(kernel, dev.kind, p.dtype)
+        probed = {tiles[(p.op, p.dtype)][2]: tiles[(p.op, p.dtype)][:2]} if tiles else None
+        tm, tn = _tile_of(kernel, dev.kind, p.dtype, probed)
         meas = measure(fn, profile.gemm_timing, dev.torch_device, dev.l2_bytes or 0)
         rows.append({
             "op": p.op, "dtype": p.dtype, "layout": LAYOUT[p.op], "batch": p.batch, "m": p.m, "n": p.n, "k": p.k,

@@ -1,0 +1,43 @@
+"""The CPU's effective GEMM tile, measured: the padding step of M and of N.
+
+A CPU GEMM has no thread-block tile the model can read off a kernel name, but its
+micro-kernel computes whole register blocks: on AVX-512 a row-major output is produced 16
+columns at a time, so N = 2 costs what N = 16 costs (and 24 what 32 does), while M pads by 1.
+The step is a partial tile in PM2Lat's sense (III-C), so the tables count padded tiles the
+same way a GPU's do. Measured per (op, dtype) by timing M and N over small values at a fixed
+other size and finding the step g for which time ~ a + b * ceil(x / g) fits best.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+PROBE_DIMS = (2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)  # 1 is left out: M or N = 1 is a GEMV path
+PROBE_OTHER = 256  # the fixed M (or N) and K while the other dimension varies
+STEPS = (1, 2, 4, 8, 16, 32)
+BETTER = 0.8  # a larger step must fit this much better (relative squared error) to be chosen
+
+
+def granularity(xs, ts) -> int:
+    """The padding step of a dimension from times `ts` at sizes `xs`: the smallest step
+    unless a larger one fits time = a + b * ceil(x / step) clearly better."""
+    xs, ts = np.asarray(xs, float), np.asarray(ts, float)
+    if xs.shape != ts.shape or xs.size < 4 or not np.all(np.isfinite(ts) & (ts > 0)):
+        raise ValueError(f"granularity needs >= 4 positive finite times, one per size; got {ts}")
+    best, best_err = STEPS[0], np.inf
+    for step in STEPS:
+        design = np.stack([np.ones_like(xs), np.ceil(xs / step)], axis=1) / ts[:, None]  # relative residuals
+        coef, *_ = np.linalg.lstsq(design, np.ones_like(ts), rcond=None)
+        err = float(((design @ coef - 1) ** 2).sum())
+        if err < best_err * BETTER:
+            best, best_err = step, err
+    return best
+
+
+def probe_tile(time_us, kernel_name) -> tuple[int, int, str]:
+    """(tile_m, tile_n, kernel) for one op and dtype. time_us(m, n, k) times a GEMM of that
+    shape; kernel_name(m, n, k) names the kernel that runs it (the probe's tile is that kernel's)."""
+    mid = PROBE_DIMS[len(PROBE_DIMS) // 2]
+    kernel = kernel_name(PROBE_OTHER, mid, PROBE_OTHER)
+    t_n = [time_us(PROBE_OTHER, n, PROBE_OTHER) for n in PROBE_DIMS]
+    t_m = [time_us(m, PROBE_OTHER, PROBE_OTHER) for m in PROBE_DIMS]
+    return granularity(PROBE_DIMS, t_m), granularity(PROBE_DIMS, t_n), kernel

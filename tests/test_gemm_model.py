@@ -137,6 +137,9 @@ def test_granularity_finds_the_padding_step():
     assert granularity(xs, 10.0 * np.ceil(xs / 4) + 1) == 4
     noisy = steps16 * (1 + 0.03 * np.random.default_rng(0).standard_normal(xs.size))
     assert granularity(xs, noisy) == 16
+    spiked = steps16.copy()
+    spiked[3] *= 1.5  # one disturbed timing
+    assert granularity(xs, spiked) == 16
     with pytest.raises(ValueError, match="positive"):
         granularity(xs, np.zeros(xs.size))
 

@@ -35,6 +35,31 @@ def test_regression_recovers_a_linear_law():
     assert again.predict("relu", "float32", 5, 5) == pytest.approx(model.predict("relu", "float32", 5, 5))
 
 
+def test_a_kernel_switch_becomes_two_regimes():
+    """Softmax on the CPU: below 16 columns a scalar kernel, 15x slower per element."""
+    rows, cols = (a.ravel() for a in np.meshgrid([1, 16, 128, 1024, 4096], [1, 4, 8, 16, 64, 256, 1024]))
+    br, bw, _ = utility_traffic("softmax", rows, cols, 4)
+    per_byte = np.where(cols < 16, 15e-4, 1e-4)
+    df = pd.DataFrame(dict(op="softmax", dtype="float32", rows=rows, cols=cols, held_out=False,
+                           median_us=2.0 + (br + bw) * per_byte))
+    model = UtilityModel.fit(df)
+    assert model.regimes[("softmax", "float32")]["split"] == {"on": "cols", "at": 16.0}
+    for r, c in ((700, 12), (700, 40), (3, 2000)):
+        br, bw, _ = utility_traffic("softmax", r, c, 4)
+        want = 2.0 + (br + bw) * (15e-4 if c < 16 else 1e-4)
+        assert model.predict("softmax", "float32", r, c) == pytest.approx(want, rel=1e-3)
+    assert UtilityModel.fit(_linear_samples()).regimes[("relu", "float32")]["split"] is None  # one law: no split
+    again = UtilityModel.from_dict(json.loads(json.dumps(model.to_dict())))
+    np.testing.assert_allclose(again.predict("softmax", "float32", rows, cols), model.predict("softmax", "float32",
+                                                                                                rows, cols))
+
+
+def test_utility_model_saved_before_regimes_still_loads():
+    old = {"kind": "utility_model", "coefs": [{"op": "relu", "dtype": "float32", "coef": [3.0, 1e-4, 0.0, 0.0]}]}
+    br, bw, _ = utility_traffic("relu", 10, 10, 4)
+    assert UtilityModel.from_dict(old).predict("relu", "float32", 10, 10) == pytest.approx(3.0 + (br + bw) * 1e-4)
+
+
 def test_utility_bad_input():
     model = UtilityModel.fit(_linear_samples())
     with pytest.raises(BadShapeError, match="rows=0"):
@@ -56,15 +81,15 @@ def test_store_versions_missing_and_corrupt(tmp_path):
     (path / "model.json").write_text("{not json")
     with pytest.raises(MissingModelError, match="corrupt"):
         store.load(tmp_path, "dev-a", "utility_model")
-    assert store.load(tmp_path, "dev-a", "utility_model", "20260101T000000-aaaa").coefs
+    assert store.load(tmp_path, "dev-a", "utility_model", "20260101T000000-aaaa").regimes
 
 
 def test_latest_skips_versions_that_failed_their_check(tmp_path):
     good, bad = UtilityModel.fit(_linear_samples("relu")), UtilityModel.fit(_linear_samples("gelu"))
     store.save(tmp_path, "d", "utility_model", good, {"heldout_check_passed": True}, "20260101T000000-a")
     store.save(tmp_path, "d", "utility_model", bad, {"heldout_check_passed": False}, "20260102T000000-b")
-    assert set(store.load(tmp_path, "d", "utility_model").coefs) == {("relu", "float32")}
-    assert set(store.load(tmp_path, "d", "utility_model", "20260102T000000-b").coefs) == {("gelu", "float32")}
+    assert set(store.load(tmp_path, "d", "utility_model").regimes) == {("relu", "float32")}
+    assert set(store.load(tmp_path, "d", "utility_model", "20260102T000000-b").regimes) == {("gelu", "float32")}
     store.save(tmp_path, "e", "utility_model", bad, {"heldout_check_passed": False}, "20260102T000000-b")
     with pytest.raises(MissingModelError, match="held-out check"):
         store.load(tmp_path, "e", "utility_model")

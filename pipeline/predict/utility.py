@@ -3,6 +3,12 @@ of its proxies (bytes moved, flops, rows) plus a constant for the call itself.
 
 Fitted to minimise *relative* error (each row divided by its measured time), since a
 latency model is judged by relative error across sizes spanning several decades.
+
+One op can run different kernels by shape, as a GEMM does: on the CPU, softmax over fewer
+than 16 columns takes a scalar path ~15x slower per element than the vectorized one, and
+small tensors run on one thread. So a fit may split once, at a column count or an element
+count seen in the sweep, into two regimes with their own coefficients, when that cuts the
+training error by more than half (a depth-1 regression tree with linear leaves).
 """
 from __future__ import annotations
 
@@ -23,22 +29,53 @@ def features(op: str, dtype: str, rows, cols) -> np.ndarray:
     return np.stack([np.ones_like(br), br + bw, fl, rows], axis=-1)
 
 
+SPLIT_ON = ("cols", "elems")
+MIN_LEAF = 2 * len(FEATURES)  # rows a regime needs to be fitted on its own
+SPLIT_GAIN = 0.5  # a split must leave at most this share of the unsplit squared error
+
+
+def _split_values(rows, cols) -> dict[str, np.ndarray]:
+    r, c = np.asarray(rows, dtype=float), np.asarray(cols, dtype=float)
+    return {"cols": c * np.ones_like(r), "elems": r * c}
+
+
+def _sq_err(X, y) -> tuple[np.ndarray, float]:
+    c, rms = nnls_relative(X, y)
+    return c, rms**2 * len(y)
+
+
+def fit_regimes(X: np.ndarray, y: np.ndarray, values: dict[str, np.ndarray]) -> dict:
+    """{"split": None or {"on", "at"}, "coefs": [one] or [below, at-or-above]}."""
+    c, err = _sq_err(X, y)
+    best, best_err = {"split": None, "coefs": [c]}, err * SPLIT_GAIN
+    for on in SPLIT_ON:
+        v = values[on]
+        for at in np.unique(v)[1:]:
+            lo = v < at
+            if lo.sum() < MIN_LEAF or (~lo).sum() < MIN_LEAF:
+                continue
+            (c_lo, e_lo), (c_hi, e_hi) = _sq_err(X[lo], y[lo]), _sq_err(X[~lo], y[~lo])
+            if e_lo + e_hi < best_err:
+                best, best_err = {"split": {"on": on, "at": float(at)}, "coefs": [c_lo, c_hi]}, e_lo + e_hi
+    return best
+
+
 class UtilityModel:
     name = "utility_model"
 
-    def __init__(self, coefs: dict[tuple[str, str], np.ndarray]):
-        self.coefs = coefs
+    def __init__(self, regimes: dict[tuple[str, str], dict]):
+        self.regimes = regimes
 
     @staticmethod
     def fit(samples) -> "UtilityModel":
         if bool(samples["held_out"].any()):
             raise ValueError("UtilityModel.fit got held-out rows; fit on training rows only")
-        coefs = {}
+        regimes = {}
         for (op, dtype), g in samples.groupby(["op", "dtype"]):
-            X = features(op, dtype, g["rows"].to_numpy(), g["cols"].to_numpy())
-            y = g["median_us"].to_numpy(float)
-            coefs[(op, dtype)] = nnls_relative(X, y)[0]
-        return UtilityModel(coefs)
+            rows, cols = g["rows"].to_numpy(), g["cols"].to_numpy()
+            X = features(op, dtype, rows, cols)
+            regimes[(op, dtype)] = fit_regimes(X, g["median_us"].to_numpy(float), _split_values(rows, cols))
+        return UtilityModel(regimes)
 
     def predict(self, op: str, dtype: str, rows, cols) -> np.ndarray:
         check_dtype(dtype)
@@ -48,14 +85,25 @@ class UtilityModel:
         if (r <= 0).any() or (c <= 0).any():
             raise BadShapeError(f"utility shape must be positive; got rows={r.min()} cols={c.min()}")
         key = (op, "float32" if dtype == "tf32" else dtype)
-        if key not in self.coefs:
+        if key not in self.regimes:
             raise MissingModelError(f"no utility calibration for op={op!r} dtype={dtype!r}")
-        return features(op, key[1], r, c) @ self.coefs[key]
+        reg = self.regimes[key]
+        X = features(op, key[1], r, c)
+        if reg["split"] is None:
+            return X @ reg["coefs"][0]
+        below = _split_values(r, c)[reg["split"]["on"]] < reg["split"]["at"]
+        return np.where(below, X @ reg["coefs"][0], X @ reg["coefs"][1])
 
     def to_dict(self) -> dict:
         return {"kind": "utility_model", "features": FEATURES,
-                "coefs": [{"op": op, "dtype": dt, "coef": c.tolist()} for (op, dt), c in self.coefs.items()]}
+                "regimes": [{"op": op, "dtype": dt, "split": r["split"], "coefs": [c.tolist() for c in r["coefs"]]}
+                            for (op, dt), r in self.regimes.items()]}
 
     @staticmethod
     def from_dict(d: dict) -> "UtilityModel":
-        return UtilityModel({(e["op"], e["dtype"]): np.array(e["coef"], float) for e in d["coefs"]})
+        if "coefs" in d:  # saved before regimes: one coefficient vector per (op, dtype)
+            return UtilityModel({(e["op"], e["dtype"]): {"split": None, "coefs": [np.array(e["coef"], float)]}
+                                 for e in d["coefs"]})
+        return UtilityModel({(e["op"], e["dtype"]): {"split": e["split"],
+                                                     "coefs": [np.array(c, float) for c in e["coefs"]]}
+                             for e in d["regimes"]})

@@ -11,7 +11,9 @@ from pipeline.predict.traffic import utility_traffic
 from pipeline.sweeps.profiles import Profile
 from pipeline.workloads.ops import UTILITY_OPS
 
-_COLS = (64, 256, 1024, 4096, 16384)
+# Small widths too: reductions over fewer than 16 columns run a scalar kernel on the CPU
+# (softmax 15x slower per element), a regime the model must see to split on it.
+_COLS = (1, 4, 8, 16, 64, 256, 1024, 4096, 16384)
 _ROWS = (1, 16, 128, 1024, 4096, 16384)
 _EMBED_TABLE_ROWS = 50257  # a GPT-2 sized vocabulary; lookups gather from it
 

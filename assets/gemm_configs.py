@@ -58,16 +58,18 @@ def gemm_config_sweep(context: dg.AssetExecutionContext, device_runner: DeviceRu
     train, held = samples[~samples["held_out"]], samples[samples["held_out"]]
     per_problem = train.groupby(["op", "layout", "dtype"]).agg(configs=("kernel", "nunique"),
                                                              rows=("k", "size")).reset_index()
-    coverage = choices.groupby(["op", "layout", "dtype"])["swept"].mean().rename("choices_swept").reset_index()
+    if len(choices):
+        coverage = choices.groupby(["op", "layout", "dtype"])["swept"].mean().rename("choices_swept").reset_index()
+        per_problem = per_problem.merge(coverage, how="left")
     t = samples["median_us"].to_numpy(float)
     bad = int((~np.isfinite(t) | (t <= 0)).sum())
     yield dg.MaterializeResult(asset_key="gemm_config_samples", metadata={
         "rows": len(samples), "held_out_rows": len(held), "configs": int(train["kernel"].nunique()),
         "heuristic_matches_torch": float(held["selection_match"].astype(float).mean()) if len(held) else float("nan"),
-        "per_problem": md_table(per_problem.merge(coverage, how="left"))})
+        "per_problem": md_table(per_problem)})
     yield dg.MaterializeResult(asset_key="gemm_config_choices", metadata={
-        "rows": len(choices), "distinct_choices": int(choices["kernel"].nunique()),
-        "share_swept": float(choices["swept"].mean())})
+        "rows": len(choices), "distinct_choices": int(choices["kernel"].nunique()) if len(choices) else 0,
+        "share_swept": float(choices["swept"].mean()) if len(choices) else float("nan")})
     yield dg.AssetCheckResult(asset_key="gemm_config_samples", check_name="finite_positive", passed=bad == 0,
                               metadata={"bad_rows": bad})
 
@@ -78,11 +80,18 @@ def split_choices(choices: pd.DataFrame, every: int = 5) -> tuple[pd.DataFrame, 
     return choices[~test], choices[test]
 
 
+PROBLEM = ["op", "layout", "bias", "dtype"]
+
+
 def selected_kernel_matches_torch(evaluated: pd.DataFrame, train: pd.DataFrame) -> pd.Series:
     """Whether the kernel behind the selector's configuration (its profiler name, recorded when
-    the configuration was swept) is the kernel torch ran on that held-out shape."""
-    names = train.dropna(subset=["lt_kernel"]).groupby("kernel")["lt_kernel"].first()
-    picked = names.reindex(evaluated["selected"].astype(str)).to_numpy()
+    the configuration was swept for that problem and dtype: one config id names different
+    kernels across dtypes and layouts) is the kernel torch ran on that held-out shape."""
+    if not len(evaluated):
+        return pd.Series([], dtype=bool, index=evaluated.index)
+    names = train.dropna(subset=["lt_kernel"]).groupby([*PROBLEM, "kernel"])["lt_kernel"].first()
+    keys = pd.MultiIndex.from_arrays([evaluated[c] for c in PROBLEM] + [evaluated["selected"].astype(str)])
+    picked = names.reindex(keys).to_numpy()
     return pd.Series(picked == evaluated["torch_kernel"].to_numpy(), index=evaluated.index)
 
 

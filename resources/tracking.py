@@ -1,6 +1,7 @@
 """MLflow tracking: one run per fit, with params, held-out metrics and device / data-hash / git-sha tags."""
 from __future__ import annotations
 
+import re
 import subprocess
 from pathlib import Path
 
@@ -18,6 +19,12 @@ def git_sha() -> str:
         return out.stdout.strip() or "unknown"
     except (OSError, subprocess.SubprocessError):
         return "unknown"
+
+
+def metric_name(key: str) -> str:
+    """MLflow accepts letters, digits and `_ - . / : space` in a metric name; a problem key
+    such as 'linear:TN+bias' would be refused for its '+'."""
+    return re.sub(r"[^\w\-./: ]", "_", key)
 
 
 class MLflowTracking(dg.ConfigurableResource):
@@ -44,7 +51,7 @@ class MLflowTracking(dg.ConfigurableResource):
         with mlflow.start_run(run_name=f"{model_name}@{device}") as run:
             mlflow.set_tags({"device": device, "model": model_name, "git_sha": git_sha(), **tags})
             mlflow.log_params(params)
-            mlflow.log_metrics({k: float(v) for k, v in metrics.items() if v == v})  # drop NaN
+            mlflow.log_metrics({metric_name(k): float(v) for k, v in metrics.items() if v == v})  # drop NaN
             for path in artifacts:
                 mlflow.log_artifact(str(path))
             return run.info.run_id

@@ -190,3 +190,33 @@ def test_assets_are_not_applicable_on_a_cpu(devchar_home, monkeypatch):
     assert len(metas) == 3 and all(m["applicable"].value is False for m in metas)
     assert not DuckDBWarehouse().has_table("gemm_config_samples")
     assert not (devchar_home / "models_store" / slug / "gemm_config_model").exists()
+
+
+def test_torch_kernel_match_looks_the_config_up_in_its_own_problem():
+    """One config id names different kernels in different dtypes (and layouts)."""
+    from assets.gemm_configs import selected_kernel_matches_torch
+
+    train = pd.DataFrame(training_rows() + training_rows(dtype="bfloat16"))
+    train.loc[train["dtype"] == "bfloat16", "lt_kernel"] = "sm90_bf16_" + train["kernel"]
+    held = pd.concat([heldout_rows(), heldout_rows(dtype="bfloat16")], ignore_index=True)
+    held.loc[held["dtype"] == "bfloat16", "torch_kernel"] = "sm90_bf16_" + held["kernel"]
+    model = GemmConfigModel.fit(train, pd.concat([choice_rows(), choice_rows(dtype="bfloat16")]))
+    ev = model.evaluate(held)
+    match = selected_kernel_matches_torch(ev, train)
+    assert match[ev["selector_agrees"]].all() and len(match) == len(held)
+
+
+def test_nothing_to_evaluate_is_empty_not_an_error():
+    from assets.gemm_configs import selected_kernel_matches_torch
+
+    model = GemmConfigModel.fit(pd.DataFrame(training_rows()), choice_rows())
+    ev = model.evaluate(heldout_rows(layout="TN", op="linear"))  # a problem the model was not fitted on
+    assert len(ev) == 0 and {"selected", "selector_agrees", "predicted_us"} <= set(ev.columns)
+    assert len(selected_kernel_matches_torch(ev, pd.DataFrame(training_rows()))) == 0
+
+
+def test_problem_keys_become_valid_mlflow_metric_names():
+    from resources.tracking import metric_name
+
+    assert metric_name("selection_linear:TN+bias_linear_float16") == "selection_linear:TN_bias_linear_float16"
+    assert metric_name("mre_mm_float32") == "mre_mm_float32"

@@ -145,5 +145,5 @@ def test_gemm_configs_tiny_sweep_writes_rows(tmp_path):
 
     model = GemmConfigModel.fit(train, choices)
     ev = model.evaluate(held)
-    assert (ev["predicted_us"] > 0).all()
+    assert len(ev) and (ev["predicted_us"] > 0).all()
     print("selector vs heuristic on held-out shapes:", ev["selector_agrees"].mean())

@@ -22,7 +22,7 @@ def problem_key(op: str, layout: str, bias: bool = False) -> str:
 
 
 def _keys(df: pd.DataFrame) -> pd.Series:
-    bias = df["bias"].fillna(False).astype(bool) if "bias" in df else pd.Series(False, index=df.index)
+    bias = df["bias"].eq(True) if "bias" in df else pd.Series(False, index=df.index)  # None/NaN: no bias
     return pd.Series([problem_key(o, lay, b) for o, lay, b in zip(df["op"], df["layout"], bias)], index=df.index)
 
 
@@ -70,7 +70,9 @@ class GemmConfigModel:
                 picked = mdl.selector.predict(op, dtype, *args)
                 parts.append(h.assign(problem=key, predicted_us=mdl.predict(op, dtype, *args), selected=picked,
                                       selector_agrees=picked == h["kernel"].astype(str).to_numpy()))
-        return pd.concat(parts, ignore_index=True) if parts else held.iloc[:0].assign(predicted_us=[])
+        if not parts:
+            return held.iloc[:0].assign(problem=[], predicted_us=[], selected=[], selector_agrees=[])
+        return pd.concat(parts, ignore_index=True)
 
     def selection_accuracy(self, choices: pd.DataFrame) -> dict[str, float]:
         """Share of the heuristic's choices the selector reproduces, per problem and dtype; a

@@ -116,13 +116,13 @@ def _kernel_name(fn, dev: DeviceIdentity, op: str, dtype: str) -> str:
     return (gemm or names or ["unknown"])[0][:200]
 
 
-def _tile_of(kernel: str, kind: str, dtype: str, probed: dict[str, tuple[int, int]] | None = None) -> tuple[int, int]:
+def _tile_of(kernel: str, kind: str, dtype: str, probed: tuple[int, int] | None = None) -> tuple[int, int]:
+    """The tile a kernel pads to: on CUDA from its name; on the CPU the (op, dtype)'s probed
+    tile (the points are laid out in whole waves of it), except ATen's reduced-precision loop."""
     if kind == "cpu" and kernel == ATEN_KERNEL and dtype in ("bfloat16", "float16"):
         return (1, 1)  # ATen's reduced-precision fallback is a plain loop nest: nothing is padded
-    if probed and kernel in probed:
-        return probed[kernel]
     m = _TILE_RE.search(kernel) if kind == "cuda" else None
-    return (int(m.group(1)), int(m.group(2))) if m else NOMINAL_TILE[kind]
+    return (int(m.group(1)), int(m.group(2))) if m else (probed or NOMINAL_TILE[kind])
 
 
 def cpu_tiles(dev: DeviceIdentity, profile: Profile, log=None) -> dict[tuple[str, str], tuple[int, int, str]]:
@@ -162,8 +162,7 @@ def sweep_gemm(dev: DeviceIdentity, profile: Profile, log=None) -> list[dict]:
         _set_tf32(p.dtype)
         fn = _gemm_callable(p.op, p.dtype, p.batch, p.m, p.n, p.k, dev.torch_device)
         kernel = _kernel_name(fn, dev, p.op, p.dtype)
-        probed = {tiles[(p.op, p.dtype)][2]: tiles[(p.op, p.dtype)][:2]} if tiles else None
-        tm, tn = _tile_of(kernel, dev.kind, p.dtype, probed)
+        tm, tn = _tile_of(kernel, dev.kind, p.dtype, tiles[(p.op, p.dtype)][:2] if tiles else None)
         meas = measure(fn, profile.gemm_timing, dev.torch_device, dev.l2_bytes or 0)
         rows.append({
             "op": p.op, "dtype": p.dtype, "layout": LAYOUT[p.op], "batch": p.batch, "m": p.m, "n": p.n, "k": p.k,

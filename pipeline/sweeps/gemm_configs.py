@@ -204,7 +204,8 @@ def _heldout_row(lt, dev, key, point, workspace, profile):
     return row
 
 
-def sweep_gemm_configs(dev: DeviceIdentity, profile: Profile, log=None) -> list[dict]:
+def sweep_gemm_configs(dev: DeviceIdentity, profile: Profile, log=None) -> dict[str, list[dict]]:
+    """{"gemm_config_samples": rows, "gemm_config_choices": rows}."""
     if dev.kind != "cuda":
         raise DevcharError(f"gemm_configs needs a CUDA device (cuBLASLt); {dev.slug!r} is {dev.kind}")
     import torch
@@ -244,4 +245,7 @@ def sweep_gemm_configs(dev: DeviceIdentity, profile: Profile, log=None) -> list[
     if not rows:
         raise DevcharError("gemm_configs measured nothing: cuBLASLt returned no usable configuration")
     version = rows[0]["cublaslt_version"]
+    timed = {(r["op"], r["layout"], r["bias"], r["dtype"], r["kernel"]) for r in rows if not r["held_out"]}
+    for c in choices:  # swept = it has a table (AlgoCheck may have rejected every point of a picked one)
+        c["swept"] = (c["op"], c["layout"], c["bias"], c["dtype"], c["kernel"]) in timed
     return {"gemm_config_samples": rows, "gemm_config_choices": [dict(c, cublaslt_version=version) for c in choices]}

@@ -43,7 +43,9 @@ def _model_asset(name: str, samples, fit, predict, table_iv, doc: str):
                model_store: ModelStore) -> dg.MaterializeResult:
         result = fit_and_register(context, warehouse, tracking, model_store, name, samples.key.path[-1], fit, predict)
         held = warehouse.device_rows(samples.key.path[-1], context.partition_key, "held_out")
-        rows = table_iv(model_store.load(context.partition_key, name), held)
+        version = result.metadata["version"]  # the model just fitted, even if it failed its check
+        version = getattr(version, "value", version)
+        rows = table_iv(model_store.load(context.partition_key, name, version), held)
         return dg.MaterializeResult(metadata={**result.metadata, "table_iv": md_table(rows)},
                                     check_results=result.check_results)
 

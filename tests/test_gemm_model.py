@@ -156,3 +156,15 @@ def test_probed_tile_lays_out_whole_waves():
     assert pts and all(p.n % 16 == 0 for p in pts)
     slots = slots_for(dev)
     assert all(waves(p.m, p.n, p.batch, 1, 16, slots) * slots * 16 == p.m * p.n * p.batch for p in pts)
+
+
+def test_granularity_on_timings_measured_here():
+    """Timings taken on the development Xeon (AVX-512), M or N = 2 ... 64 at 512 x 512."""
+    from pipeline.sweeps.tile_probe import PROBE_DIMS, granularity
+
+    fp32_n = [68, 68, 68, 68, 68, 69, 61, 109, 99, 147, 211]  # flat to 16 (16 itself a little faster)
+    bf16_n = [74.7, 74.7, 74.2, 74.6, 73.5, 74.5, 73.7, 123.1, 121.8, 170.2, 218.8]
+    fp32_m = [[13.5, 15.9, 18.4, 13.2, 17.2, 24.3, 30.4, 62.3, 77.1, 105.9, 133.3],  # wandering, not padded
+              [10.4, 11.1, 11.0, 17.0, 21.5, 24.8, 30.1, 62.3, 76.8, 105.8, 131.5]]
+    assert granularity(PROBE_DIMS, fp32_n) == 16 and granularity(PROBE_DIMS, bf16_n) == 16
+    assert all(granularity(PROBE_DIMS, m) == 1 for m in fp32_m)

@@ -121,6 +121,10 @@ def test_failing_heldout_check_blocks_predictions(devchar_home, monkeypatch):
     checks = [e for e in result.all_events if e.event_type_value == "ASSET_CHECK_EVALUATION"]
     assert any(not e.event_specific_data.passed and e.event_specific_data.check_name == "heldout_error"
                for e in checks)
+    # a failed (blocking) check fails its step, after the fitted model is materialized and reported
+    failed = {e.step_key for e in result.all_events if e.event_type_value == "STEP_FAILURE"}
+    materialized = {e.asset_key.to_user_string() for e in result.get_asset_materialization_events()}
+    assert failed and failed <= materialized, failed - materialized
     # the failed fit is kept for its history, but `latest` refuses it: the CLI cannot use it either
     from pipeline.errors import MissingModelError
     from resources.model_store import ModelStore

@@ -15,27 +15,27 @@ PROBE_DIMS = (2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)  # 1 is left out: M or N = 
 PROBE_OTHER = 512  # the fixed M (or N) and K while the other dimension varies: large enough
 # that a step of padding (N 16 -> 24: +50 %) stands well above timing noise
 STEPS = (1, 2, 4, 8, 16, 32)
-# A larger step must cut the squared relative error 5x to be chosen. Real padding is
-# unmistakable (N on AVX-512: 400x better at step 16); M's timings wander with the BLAS's
-# own blocking and threading decisions, which no step fits much better (at most 2.2x seen).
-BETTER = 0.2
+# The best-fitting step is taken only if it cuts the squared relative error of "no padding"
+# (step 1) at least 3x. Real padding is plain (N on this AVX-512 Xeon: 5-15x at step 16);
+# M's timings wander with the BLAS's own blocking and threading, which some step may fit
+# somewhat better by chance (up to 2.2x seen).
+BETTER = 1 / 3
 
 
 def granularity(xs, ts) -> int:
-    """The padding step of a dimension from times `ts` at sizes `xs`: the smallest step
-    unless a larger one fits time = a + b * ceil(x / step) clearly better. The worst point is
-    left out of each fit's error, so one disturbed timing cannot decide."""
+    """The padding step of a dimension from times `ts` at sizes `xs`: the step for which
+    time = a + b * ceil(x / step) fits best, if it fits clearly better than no padding. The
+    worst point is left out of each fit's error, so one disturbed timing cannot decide."""
     xs, ts = np.asarray(xs, float), np.asarray(ts, float)
     if xs.shape != ts.shape or xs.size < 4 or not np.all(np.isfinite(ts) & (ts > 0)):
         raise ValueError(f"granularity needs >= 4 positive finite times, one per size; got {ts}")
-    best, best_err = STEPS[0], np.inf
+    errors = {}
     for step in STEPS:
         design = np.stack([np.ones_like(xs), np.ceil(xs / step)], axis=1) / ts[:, None]  # relative residuals
         coef, *_ = np.linalg.lstsq(design, np.ones_like(ts), rcond=None)
-        err = float(np.sort((design @ coef - 1) ** 2)[:-1].sum())
-        if err < best_err * BETTER:
-            best, best_err = step, err
-    return best
+        errors[step] = float(np.sort((design @ coef - 1) ** 2)[:-1].sum())
+    best = min(errors, key=errors.get)
+    return best if errors[best] < BETTER * errors[1] else 1
 
 
 def probe_tile(time_us, kernel_name) -> tuple[int, int, str]:

@@ -103,8 +103,15 @@ def test_rematerializing_replaces_rows_and_spares_other_devices(devchar_home, mo
         wh.replace_partition("gemm_samples", "cuda-other-gpu", other)
         first = _counts(wh, slug)
         assert _materialize(slug, instance).success
-    assert _counts(wh, slug) == first
+    second = _counts(wh, slug)
+    # gemm_samples' training grid follows the tile the probe measures, which a noisy tiny-profile
+    # run may find differently: there, no shape twice and one run's rows stand for "replaced"
+    assert {t: n for t, n in second.items() if t != "gemm_samples"} == {
+        t: n for t, n in first.items() if t != "gemm_samples"}
     assert wh.query("SELECT count(DISTINCT run_id) AS n FROM gemm_samples WHERE device = ?", [slug])["n"].iloc[0] == 1
+    dup = wh.query("SELECT count(*) AS n FROM (SELECT op, dtype, batch, m, n, k, held_out, count(*) AS c "
+                   "FROM gemm_samples WHERE device = ? GROUP BY ALL HAVING c > 1)", [slug])["n"].iloc[0]
+    assert dup == 0
     left = wh.query("SELECT count(*) AS n FROM gemm_samples WHERE device = 'cuda-other-gpu'")["n"].iloc[0]
     assert left == len(other)
 

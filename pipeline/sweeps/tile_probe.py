@@ -9,6 +9,8 @@ other size and finding the step g for which time ~ a + b * ceil(x / g) fits best
 """
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 PROBE_DIMS = (2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)  # 1 is left out: M or N = 1 is a GEMV path
@@ -20,6 +22,10 @@ STEPS = (1, 2, 4, 8, 16, 32)
 # M's timings wander with the BLAS's own blocking and threading, which some step may fit
 # somewhat better by chance (up to 2.2x seen).
 BETTER = 1 / 3
+# This VM has slow spells: GEMMs run ~1.5x slow for a few tenths of a second, often right
+# after a process starts. A spell over the first few sizes hides the step, so the probe warms
+# up, then times the sizes twice, ascending and descending, and keeps each size's faster time.
+WARMUP_S = 0.3
 
 
 def granularity(xs, ts) -> int:
@@ -43,6 +49,15 @@ def probe_tile(time_us, kernel_name) -> tuple[int, int, str]:
     shape; kernel_name(m, n, k) names the kernel that runs it (the probe's tile is that kernel's)."""
     mid = PROBE_DIMS[len(PROBE_DIMS) // 2]
     kernel = kernel_name(PROBE_OTHER, mid, PROBE_OTHER)
-    t_n = [time_us(PROBE_OTHER, n, PROBE_OTHER) for n in PROBE_DIMS]
-    t_m = [time_us(m, PROBE_OTHER, PROBE_OTHER) for m in PROBE_DIMS]
+    start = time.perf_counter()
+    while time.perf_counter() - start < WARMUP_S:
+        time_us(PROBE_OTHER, PROBE_DIMS[0], PROBE_OTHER)
+    t_n = _fastest_of_two_passes(lambda n: time_us(PROBE_OTHER, n, PROBE_OTHER))
+    t_m = _fastest_of_two_passes(lambda m: time_us(m, PROBE_OTHER, PROBE_OTHER))
     return granularity(PROBE_DIMS, t_m), granularity(PROBE_DIMS, t_n), kernel
+
+
+def _fastest_of_two_passes(time_at) -> list[float]:
+    up = [time_at(x) for x in PROBE_DIMS]
+    down = [time_at(x) for x in reversed(PROBE_DIMS)][::-1]
+    return [min(a, b) for a, b in zip(up, down)]

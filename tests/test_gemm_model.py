@@ -15,6 +15,8 @@ def test_wave_counting():
     assert waves(130, 100, 4, 64, 64, 10) == 3
     assert waves(128, 128, 1, 64, 64, 4) == 1
     assert near_square(12) == (3, 4)
+    assert near_square(64, 1, 16) == (32, 2)  # 32 x 32 elements, not 8 x 128
+    assert near_square(7, 1, 16) == (7, 1)
     m, n = whole_wave_shape(4, 32, 32, 2)  # 8 tiles of 32 x 32
     assert (m // 32) * (n // 32) == 8
 

@@ -22,20 +22,21 @@ def waves(m, n, batch, tile_m: int, tile_n: int, slots: int, split_k: int = 1):
     return _ceil_div(blocks(m, n, batch, tile_m, tile_n, split_k), slots)
 
 
-def near_square(tiles: int) -> tuple[int, int]:
-    """Split a tile count into (tiles_m, tiles_n) with tiles_m * tiles_n == tiles, as square as possible."""
-    best = (1, tiles)
-    for a in range(1, int(tiles**0.5) + 1):
-        if tiles % a == 0:
-            best = (a, tiles // a)
-    return best
+def near_square(tiles: int, tile_m: int = 1, tile_n: int = 1) -> tuple[int, int]:
+    """Split a tile count into (tiles_m, tiles_n) with tiles_m * tiles_n == tiles whose output,
+    tiles_m * tile_m x tiles_n * tile_n elements, is as square as possible (M <= N on a tie).
+    Square in elements, not in tiles: with the CPU's 1 x 16 tile, square tiles would make every
+    training shape 16x wider than tall, and a CPU GEMM's speed depends on that aspect."""
+    pairs = [p for a in range(1, int(tiles**0.5) + 1) if tiles % a == 0 for p in ((a, tiles // a), (tiles // a, a))]
+    # least skew first; on a tie the pair with M <= N
+    return min(pairs, key=lambda p: (round(abs(np.log(p[0] * tile_m / (p[1] * tile_n))), 9), p[0] * tile_m > p[1] * tile_n))
 
 
 def whole_wave_shape(n_waves: int, tile_m: int, tile_n: int, slots: int, batch: int = 1) -> tuple[int, int]:
     """M, N whose tiles, over `batch` matrices, fill exactly n_waves waves."""
     if (n_waves * slots) % batch:
         raise ValueError(f"batch={batch} does not divide {n_waves} waves x {slots} slots")
-    tm, tn = near_square(n_waves * slots // batch)
+    tm, tn = near_square(n_waves * slots // batch, tile_m, tile_n)
     return tm * tile_m, tn * tile_n
 
 

@@ -50,7 +50,7 @@ def config_points(tile_m: int, tile_n: int, split_k: int, slots: int, waves: tup
         if tiles < 1:
             continue
         b = math.gcd(tiles, 8) if bmm else 1
-        tm, tn = near_square(tiles // b)
+        tm, tn = near_square(tiles // b, tile_m, tile_n)
         m, n = tm * tile_m, tn * tile_n
         if b * m * n > max_outputs and pts:
             break

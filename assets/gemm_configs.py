@@ -25,10 +25,6 @@ CPU_REASON = ("not applicable: this device is a CPU, which has one BLAS path per
               "(gemm_model is its per-kernel model); cuBLASLt configurations exist on CUDA devices only")
 
 
-def _device_kind(warehouse: DuckDBWarehouse, device: str) -> str:
-    return str(warehouse.device_rows("devices", device)["kind"].iloc[0])
-
-
 @dg.multi_asset(
     specs=[dg.AssetSpec("gemm_config_samples", deps=[device_spec], group_name="characterize",
                         kinds={"pytorch", "duckdb"},
@@ -44,7 +40,7 @@ def _device_kind(warehouse: DuckDBWarehouse, device: str) -> str:
                                    description="every timing is finite and > 0")])
 def gemm_config_sweep(context: dg.AssetExecutionContext, device_runner: DeviceRunner, warehouse: DuckDBWarehouse):
     device = context.partition_key
-    if _device_kind(warehouse, device) != "cuda":
+    if warehouse.device_kind(device) != "cuda":
         context.log.info(f"{device}: {CPU_REASON}")
         for key in ("gemm_config_samples", "gemm_config_choices"):
             yield dg.MaterializeResult(asset_key=key, metadata={"applicable": False, "reason": CPU_REASON, "rows": 0})
@@ -105,7 +101,7 @@ def gemm_config_model(context: dg.AssetExecutionContext, warehouse: DuckDBWareho
     """Per (op, layout, bias) problem: a PM2Lat table per cuBLASLt configuration and a decision
     tree that says which configuration runs a shape, without the device or its library."""
     device = context.partition_key
-    if _device_kind(warehouse, device) != "cuda":
+    if warehouse.device_kind(device) != "cuda":
         return dg.MaterializeResult(metadata={"applicable": False, "reason": CPU_REASON}, check_results=[
             dg.AssetCheckResult(check_name="selection_accuracy", passed=True, metadata={"applicable": False})])
     samples = warehouse.device_rows("gemm_config_samples", device)

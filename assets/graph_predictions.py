@@ -20,7 +20,7 @@ def graph_predictions(warehouse: DuckDBWarehouse, model_store: ModelStore, devic
     graphs = warehouse.device_rows("workload_graphs", device)
     samples = warehouse.device_rows("overhead_samples", device)
     loaded = {m: model_store.load(device, m) for m in models}
-    synchronous = warehouse.device_rows("devices", device)["kind"].iloc[0] == "cpu"
+    synchronous = warehouse.device_kind(device) == "cpu"
     return predict_runs(runs, graphs, samples, loaded, synchronous).assign(device=device)
 
 

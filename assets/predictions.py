@@ -43,7 +43,7 @@ def transformer_predictions(context: dg.AssetExecutionContext, warehouse: DuckDB
     sum), and from the captured graph before (kernel_only) and after host overheads (Algorithm 1)."""
     device = context.partition_key
     runs = warehouse.device_rows("workload_runs", device, "workload = ?", ["gpt2"])
-    kind = warehouse.device_rows("devices", device)["kind"].iloc[0]
+    kind = warehouse.device_kind(device)
     gemm, utility = model_store.load(device, "gemm_model"), model_store.load(device, "utility_model")
     # CPU addmm copies the bias into the output first; cuBLASLt fuses it into the GEMM epilogue.
     ops = predict_workload_rows(runs, gemm, utility, bias_copy=kind == "cpu")

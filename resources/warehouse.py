@@ -122,6 +122,10 @@ class DuckDBWarehouse(dg.ConfigurableResource):
             raise DevcharError(f"table {table!r} has no rows for device {device!r}; materialize it first")
         return df
 
+    def device_kind(self, device: str) -> str:
+        """'cpu' or 'cuda', as device_spec recorded it."""
+        return str(self.device_rows("devices", device)["kind"].iloc[0])
+
     def has_table(self, table: str) -> bool:
         if not self.db_path().exists():
             return False

@@ -62,26 +62,27 @@ def training_points(dev: DeviceIdentity, profile: Profile,
     return pts
 
 
+def random_shapes(op: str, profile: Profile, n: int, rng: np.random.Generator) -> list[tuple[int, int, int, int]]:
+    """n log-uniform (batch, M, N, K) in PM2Lat's evaluation ranges (scaled by the profile)."""
+
+    def loguni(hi: int) -> np.ndarray:
+        return np.exp(rng.uniform(0, np.log(hi), n)).round().astype(int).clip(1, hi)
+
+    if op == "bmm":
+        hi = profile.heldout_max_bmm
+        dims = [loguni(hi) for _ in range(4)]
+        dims[0] = loguni(min(hi, 64))  # batch
+    else:
+        dims = [np.ones(n, int), loguni(profile.heldout_max_mn), loguni(profile.heldout_max_mn),
+                loguni(profile.heldout_max_k)]
+    return [tuple(int(x) for x in p) for p in zip(*dims)]
+
+
 def heldout_points(dev: DeviceIdentity, profile: Profile, seed: int = 0) -> list[GemmPoint]:
-    """Log-uniform random shapes in PM2Lat's evaluation ranges (scaled by the profile)."""
+    """Random shapes per (op, dtype), never used for fitting."""
     rng = np.random.default_rng(seed)
-
-    def loguni(hi: int, size: int) -> np.ndarray:
-        return np.exp(rng.uniform(0, np.log(hi), size)).round().astype(int).clip(1, hi)
-
-    pts = []
-    n = profile.heldout_per_op
-    for dtype in dtypes_for(dev.kind):
-        for op in GEMM_OPS:
-            if op == "bmm":
-                hi = profile.heldout_max_bmm
-                dims = [loguni(hi, n) for _ in range(4)]
-                dims[0] = loguni(min(hi, 64), n)  # batch
-            else:
-                dims = [np.ones(n, int), loguni(profile.heldout_max_mn, n), loguni(profile.heldout_max_mn, n),
-                        loguni(profile.heldout_max_k, n)]
-            pts += [GemmPoint(op, dtype, int(b), int(m), int(nn), int(k), True) for b, m, nn, k in zip(*dims)]
-    return pts
+    return [GemmPoint(op, dtype, b, m, nn, k, True) for dtype in dtypes_for(dev.kind) for op in GEMM_OPS
+            for b, m, nn, k in random_shapes(op, profile, profile.heldout_per_op, rng)]
 
 
 def _gemm_callable(op: str, dtype: str, b: int, m: int, n: int, k: int, device: str):
@@ -125,23 +126,20 @@ def _tile_of(kernel: str, kind: str, dtype: str, probed: tuple[int, int] | None 
     return (int(m.group(1)), int(m.group(2))) if m else (probed or NOMINAL_TILE[kind])
 
 
-def cpu_tiles(dev: DeviceIdentity, profile: Profile, log=None) -> dict[tuple[str, str], tuple[int, int, str]]:
-    """(op, dtype) -> (tile_m, tile_n, kernel): the measured padding steps (tile_probe.py)."""
-    from pipeline.sweeps.tile_probe import probe_tile
+def cpu_tiles(dev: DeviceIdentity, profile: Profile, log=None) -> dict[tuple[str, str], tuple[int, int]]:
+    """(op, dtype) -> (tile_m, tile_n): the measured padding steps (tile_probe.py)."""
+    from pipeline.sweeps.tile_probe import PROBE_OTHER, probe_tile
 
-    def time_us(op, dtype):
-        return lambda m, n, k: measure(_gemm_callable(op, dtype, 1, m, n, k, dev.torch_device),
-                                       profile.gemm_timing, dev.torch_device).median_us
-
-    def kernel(op, dtype):
-        return lambda m, n, k: cpu_kernel_name(_gemm_callable(op, dtype, 1, m, n, k, dev.torch_device))
+    def gemm(op, dtype, m, n, k):
+        return _gemm_callable(op, dtype, 1, m, n, k, dev.torch_device)
 
     out = {}
     for dtype in dtypes_for(dev.kind):
         for op in GEMM_OPS:
-            out[(op, dtype)] = probe_tile(time_us(op, dtype), kernel(op, dtype))
-            (log or print)(f"gemm_samples: {op} {dtype} pads M by {out[(op, dtype)][0]} and N by "
-                           f"{out[(op, dtype)][1]} ({out[(op, dtype)][2]})")
+            tm, tn = out[(op, dtype)] = probe_tile(
+                lambda m, n, k: measure(gemm(op, dtype, m, n, k), profile.gemm_timing, dev.torch_device).median_us)
+            kernel = cpu_kernel_name(gemm(op, dtype, PROBE_OTHER, 16, PROBE_OTHER))  # for the log line only
+            (log or print)(f"gemm_samples: {op} {dtype} pads M by {tm} and N by {tn} ({kernel})")
     return out
 
 
@@ -154,7 +152,7 @@ def _set_tf32(dtype: str) -> None:
 
 def sweep_gemm(dev: DeviceIdentity, profile: Profile, log=None) -> list[dict]:
     tiles = cpu_tiles(dev, profile, log) if dev.kind == "cpu" else {}
-    pts = training_points(dev, profile, {key: t[:2] for key, t in tiles.items()}) + heldout_points(dev, profile)
+    pts = training_points(dev, profile, tiles) + heldout_points(dev, profile)
     slots = slots_for(dev)
     prog = Progress("gemm_samples", len(pts), log)
     rows = []
@@ -162,7 +160,7 @@ def sweep_gemm(dev: DeviceIdentity, profile: Profile, log=None) -> list[dict]:
         _set_tf32(p.dtype)
         fn = _gemm_callable(p.op, p.dtype, p.batch, p.m, p.n, p.k, dev.torch_device)
         kernel = _kernel_name(fn, dev, p.op, p.dtype)
-        tm, tn = _tile_of(kernel, dev.kind, p.dtype, tiles[(p.op, p.dtype)][:2] if tiles else None)
+        tm, tn = _tile_of(kernel, dev.kind, p.dtype, tiles.get((p.op, p.dtype)))
         meas = measure(fn, profile.gemm_timing, dev.torch_device, dev.l2_bytes or 0)
         rows.append({
             "op": p.op, "dtype": p.dtype, "layout": LAYOUT[p.op], "batch": p.batch, "m": p.m, "n": p.n, "k": p.k,

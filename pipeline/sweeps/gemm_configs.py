@@ -24,7 +24,7 @@ from pipeline.harness.progress import Progress
 from pipeline.harness.timer import measure
 from pipeline.predict.geometry import near_square
 from pipeline.sweeps import cublaslt_tables as T
-from pipeline.sweeps.gemm import _kernel_name, _set_tf32, heldout_points
+from pipeline.sweeps.gemm import _kernel_name, _set_tf32, heldout_points, random_shapes
 from pipeline.sweeps.profiles import Profile
 
 NOMINAL_TILE = (128, 128)  # for a tile id this cuBLASLt's table does not know (rows say tile_source)
@@ -90,20 +90,9 @@ def _torch_fn(op: str, layout: str, x, w, bias):
 
 def selection_shapes(op: str, profile: Profile, seed: int = 1) -> list[tuple[int, int, int, int]]:
     """(batch, M, N, K) at which the heuristic's choice is recorded (not timed): the discovery
-    shapes plus log-uniform random ones in the held-out ranges (another seed than held-out's)."""
+    shapes plus random ones in the held-out ranges (another seed than held-out's)."""
     rng = np.random.default_rng(seed)
-    n = profile.gemm_config_selection
-
-    def loguni(hi: int) -> np.ndarray:
-        return np.exp(rng.uniform(0, np.log(hi), n)).round().astype(int).clip(1, hi)
-
-    if op == "bmm":
-        hi = profile.heldout_max_bmm
-        dims = [loguni(min(hi, 64)), loguni(hi), loguni(hi), loguni(hi)]
-    else:
-        dims = [np.ones(n, int), loguni(profile.heldout_max_mn), loguni(profile.heldout_max_mn),
-                loguni(profile.heldout_max_k)]
-    return discovery_shapes(op, profile) + [tuple(int(x) for x in p) for p in zip(*dims)]
+    return discovery_shapes(op, profile) + random_shapes(op, profile, profile.gemm_config_selection, rng)
 
 
 def pick_configs(chosen: list[str], alternates: list[str], max_configs: int) -> list[str]:

@@ -44,17 +44,14 @@ def granularity(xs, ts) -> int:
     return best if errors[best] < BETTER * errors[1] else 1
 
 
-def probe_tile(time_us, kernel_name) -> tuple[int, int, str]:
-    """(tile_m, tile_n, kernel) for one op and dtype. time_us(m, n, k) times a GEMM of that
-    shape; kernel_name(m, n, k) names the kernel that runs it (the probe's tile is that kernel's)."""
-    mid = PROBE_DIMS[len(PROBE_DIMS) // 2]
-    kernel = kernel_name(PROBE_OTHER, mid, PROBE_OTHER)
+def probe_tile(time_us) -> tuple[int, int]:
+    """(tile_m, tile_n) for one op and dtype; time_us(m, n, k) times a GEMM of that shape."""
     start = time.perf_counter()
     while time.perf_counter() - start < WARMUP_S:
         time_us(PROBE_OTHER, PROBE_DIMS[0], PROBE_OTHER)
     t_n = _fastest_of_two_passes(lambda n: time_us(PROBE_OTHER, n, PROBE_OTHER))
     t_m = _fastest_of_two_passes(lambda m: time_us(m, PROBE_OTHER, PROBE_OTHER))
-    return granularity(PROBE_DIMS, t_m), granularity(PROBE_DIMS, t_n), kernel
+    return granularity(PROBE_DIMS, t_m), granularity(PROBE_DIMS, t_n)
 
 
 def _fastest_of_two_passes(time_at) -> list[float]:

@@ -158,3 +158,19 @@ def test_library_not_found_is_one_clear_error(monkeypatch):
     monkeypatch.setattr(cublaslt_lib, "_candidates", lambda: ["/nonexistent/libcublasLt.so.12"])
     with pytest.raises(T.CublasLtError, match="libcublasLt not found.*DEVCHAR_CUBLASLT"):
         cublaslt.Lt()  # the handle loads the library lazily: nothing happened at import
+
+
+@pytest.mark.parametrize("layout", ["NN", "NT", "TN"])
+@pytest.mark.parametrize("batch", [1, 3])
+def test_torch_operands_run_every_held_out_batch(layout, batch):
+    """The H100 run crashed at the first bmm held-out shape with batch 1 (2-D operands)."""
+    import torch
+
+    from pipeline.sweeps.gemm_configs import _tensors, _torch_fn
+
+    for op in ("mm", "bmm"):
+        b = batch if op == "bmm" else 1
+        x, w, out, _ = _tensors(op, layout, False, "float32", b, 5, 6, 7, device="cpu")
+        got = _torch_fn(op, layout, x, w, None)()
+        assert tuple(got.shape) == tuple(out.shape) and got.shape[-2:] == (5, 6)
+        assert torch.isfinite(got).all()

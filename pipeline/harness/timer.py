@@ -2,8 +2,11 @@
 
 Follows torch.utils.benchmark (median and IQR, noisy warnings) and triton's do_bench
 (repetitions chosen by a time budget, CUDA events, an L2 flush between repetitions).
-On the CPU each repetition is timed with perf_counter_ns; on CUDA each repetition is
-bracketed by a pair of events and the host synchronizes once at the end.
+On the CPU each repetition is timed with perf_counter_ns. On CUDA the kernel is timed by
+CUDA-graph replay, or behind a spin kernel when it cannot be captured (cuda_timer.py): one
+event pair per call would time the host's launch, not the kernel. Whole workload steps are
+timed by `measure_step`: wall time with the device synchronized, what a user waits for.
+Every row says how it was timed (`timing_method`).
 """
 from __future__ import annotations
 
@@ -31,6 +34,11 @@ class TimingSpec:
     # and records the mean per call (torch.utils.benchmark's blocked autorange). A 2 us op
     # timed one call at a time is mostly timer and interrupt jitter.
     min_block_s: float = 0.0
+    # CUDA only: a graph holds min_calls..max_calls calls, as many as make one replay last about
+    # replay_s of device time; budget_s then bounds the device time of all replays together.
+    replay_s: float = 0.0005
+    min_calls: int = 3
+    max_calls: int = 200
 
     @staticmethod
     def fixed(warmup: int, reps: int) -> "TimingSpec":
@@ -42,6 +50,7 @@ class TimingSpec:
 class Measurement:
     times_us: np.ndarray = field(repr=False)
     remeasured: bool = False
+    method: str = "host_clock"  # how the times were taken (cuda_timer.GRAPH, SPIN, ...)
     # CPU only: process CPU seconds per wall second over the timed repetitions (about 1 for a
     # one-thread op, about the thread count for a parallel one). Far below 1 means the process
     # mostly waited for a core, a stall whose spread can be small enough to pass the cv test.
@@ -80,7 +89,9 @@ class Measurement:
         return float(np.std(self.times_us) / mean) if mean > 0 else math.inf
 
     def noisy(self, threshold: float = 0.10) -> bool:
-        return self.cv > threshold or self.stalled
+        from pipeline.harness.cuda_timer import HOST_BOUND
+
+        return self.cv > threshold or self.stalled or self.method == HOST_BOUND
 
     def row(self, threshold: float = 0.10) -> dict:
         """The columns every sample table carries."""
@@ -94,6 +105,7 @@ class Measurement:
             "remeasured": self.remeasured,
             "stalled": self.stalled,
             "cpu_util": self.cpu_util,
+            "timing_method": self.method,
         }
 
 
@@ -139,34 +151,22 @@ def _time_cpu(fn, reps: int, flush, inner: int = 1) -> np.ndarray:
     return out
 
 
-def _time_cuda(fn, reps: int, flush) -> np.ndarray:
-    import torch
+def _sync_for(device: str) -> Callable[[], None]:
+    if device.startswith("cuda"):
+        import torch
 
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-    for i in range(reps):
-        if flush is not None:
-            flush()
-        starts[i].record()
-        fn()
-        ends[i].record()
-    torch.cuda.synchronize()
-    return np.array([s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends)])
+        return torch.cuda.synchronize
+    return lambda: None
 
 
 def measure_once(fn: Callable[[], object], spec: TimingSpec, device: str = "cpu", l2_bytes: int = 0) -> Measurement:
-    cuda = device.startswith("cuda")
-    if cuda:
-        import torch
-
-        sync = torch.cuda.synchronize
-    else:
-        def sync() -> None:
-            return None
     flush = _L2Flusher(l2_bytes, device) if spec.flush_l2 and l2_bytes > 0 else None
-    per_call = _warmup(fn, spec, sync)
-    if cuda:
-        return Measurement(times_us=_time_cuda(fn, _reps_for(spec, per_call), flush))
+    if device.startswith("cuda"):
+        from pipeline.harness.cuda_timer import TorchCudaBackend, measure_cuda
+
+        times, method = measure_cuda(fn, spec, TorchCudaBackend(), flush)
+        return Measurement(times_us=times, method=method)
+    per_call = _warmup(fn, spec, _sync_for(device))
     inner = max(1, int(spec.min_block_s / max(per_call, 1e-9))) if flush is None else 1
     wall0, cpu0 = time.perf_counter(), time.process_time()
     times = _time_cpu(fn, _reps_for(spec, per_call * inner), flush, inner)
@@ -187,3 +187,21 @@ def measure(fn: Callable[[], object], spec: TimingSpec, device: str = "cpu", l2_
     best = second if second.cv < first.cv else first
     best.remeasured = True
     return best
+
+
+def measure_step(fn: Callable[[], object], spec: TimingSpec, device: str = "cpu") -> Measurement:
+    """Wall time of whole steps (a forward pass, a training step): host clock around each call,
+    the device synchronized before and after, so a GPU step counts launches, kernels and gaps."""
+    sync = _sync_for(device)
+    per_call = _warmup(fn, spec, sync)
+    reps = _reps_for(spec, per_call)
+    out = np.empty(reps)
+    wall0, cpu0 = time.perf_counter(), time.process_time()
+    for i in range(reps):
+        sync()
+        t0 = time.perf_counter_ns()
+        fn()
+        sync()
+        out[i] = (time.perf_counter_ns() - t0) / 1e3
+    util = (time.process_time() - cpu0) / max(time.perf_counter() - wall0, 1e-9)
+    return Measurement(times_us=out, cpu_util=util, method="wall_clock")

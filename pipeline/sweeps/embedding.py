@@ -31,7 +31,7 @@ from pipeline.dtypes import element_bytes, torch_dtype
 from pipeline.harness.progress import Progress
 from pipeline.harness.timer import TimingSpec, measure
 from pipeline.predict.embedding import (DEFAULT_ROWS_PER_BLOCK, INDEX_BYTES, embedding_traffic)
-from pipeline.sweeps.profiles import get_profile
+from pipeline.sweeps.profiles import GPU_FULL_TIMING, GPU_QUICK_TIMING, get_profile
 
 DIRECTIONS = ("forward", "backward")
 LR = 1e-3  # the SGD step's learning rate: any non-zero value does the same work
@@ -53,8 +53,6 @@ class EmbeddingSizes:
 
 _CPU_QUICK_TIMING = TimingSpec(warmup_s=0.003, budget_s=0.015, min_reps=5, max_reps=60, min_block_s=2e-4)
 _TINY_TIMING = TimingSpec(warmup_s=0.0, budget_s=0.002, min_reps=3, max_reps=10)
-_GPU_TIMING = TimingSpec(warmup_s=0.02, budget_s=0.1, min_reps=25, max_reps=2000, flush_l2=True)
-_GPU_FULL_TIMING = TimingSpec(warmup_s=0.05, budget_s=0.2, min_reps=25, max_reps=10000, flush_l2=True)
 
 # (profile, device kind) -> sizes. The CPU scales E down (a few hundred MB per table at most);
 # the GPU's full profile reaches tens of millions of rows, as in the paper's DLRM_MLPerf tables.
@@ -75,12 +73,12 @@ SIZES = {
                                      max_table_bytes=1 << 26, max_work=1 << 20, heldout=2, timing=_TINY_TIMING),
     ("quick", "cuda"): EmbeddingSizes(B=(128, 1024, 8192), E=(1000, 100_000, 1_000_000, 10_000_000), T=(1, 8, 32),
                                       L=(1, 8, 32, 100), D=(32, 64, 128), dtypes=("float32", "float16"),
-                                      max_table_bytes=8 << 30, max_work=1 << 29, heldout=40, timing=_GPU_TIMING),
+                                      max_table_bytes=8 << 30, max_work=1 << 29, heldout=40, timing=GPU_QUICK_TIMING),
     ("full", "cuda"): EmbeddingSizes(B=(128, 512, 2048, 8192), E=(1000, 10_000, 100_000, 1_000_000, 10_000_000,
                                                                   40_000_000),
                                      T=(1, 4, 16, 64), L=(1, 4, 16, 64, 100), D=(16, 32, 64, 128, 256),
                                      dtypes=("float32", "float16", "bfloat16"), max_table_bytes=16 << 30,
-                                     max_work=1 << 30, heldout=200, timing=_GPU_FULL_TIMING),
+                                     max_work=1 << 30, heldout=200, timing=GPU_FULL_TIMING),
 }
 
 

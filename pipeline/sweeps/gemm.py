@@ -85,7 +85,7 @@ def heldout_points(dev: DeviceIdentity, profile: Profile, seed: int = 0) -> list
             for b, m, nn, k in random_shapes(op, profile, profile.heldout_per_op, rng)]
 
 
-def _gemm_callable(op: str, dtype: str, b: int, m: int, n: int, k: int, device: str):
+def gemm_callable(op: str, dtype: str, b: int, m: int, n: int, k: int, device: str):
     import torch
 
     torch.manual_seed(0)
@@ -101,20 +101,19 @@ def _gemm_callable(op: str, dtype: str, b: int, m: int, n: int, k: int, device: 
     return lambda: torch.nn.functional.linear(a, w, bias)
 
 
-def _kernel_name(fn, dev: DeviceIdentity, op: str, dtype: str) -> str:
-    """The GEMM kernel that ran: the profiler's kernel name on CUDA, oneDNN's trace on the CPU."""
+def kernel_names(dev: DeviceIdentity, keys: list, make_fn) -> dict:
+    """key -> the GEMM kernel make_fn(key) runs: on CUDA the profiler's kernel name, all keys in
+    one profiler session per few hundred (harness/kernel_names.py); oneDNN's trace on the CPU."""
     if dev.kind != "cuda":
-        return cpu_kernel_name(fn)
-    from torch.profiler import ProfilerActivity, profile
+        return {key: cpu_kernel_name(make_fn(key)) for key in keys}
+    from pipeline.harness.kernel_names import pick_gemm_kernel, record_kernels
 
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        fn()
-        import torch
+    recorded = record_kernels(keys, make_fn)
+    return {key: pick_gemm_kernel([name for name, _ in recorded[key]]) for key in keys}
 
-        torch.cuda.synchronize()
-    names = [e.name for e in prof.events() if e.device_type.name == "CUDA" and "memcpy" not in e.name.lower()]
-    gemm = [nm for nm in names if any(s in nm.lower() for s in ("gemm", "xmma", "cutlass", "sm90", "sm80"))]
-    return (gemm or names or ["unknown"])[0][:200]
+
+def kernel_name(fn, dev: DeviceIdentity) -> str:
+    return kernel_names(dev, [0], lambda _: fn)[0]
 
 
 def _tile_of(kernel: str, kind: str, dtype: str, probed: tuple[int, int] | None = None) -> tuple[int, int]:
@@ -131,7 +130,7 @@ def cpu_tiles(dev: DeviceIdentity, profile: Profile, log=None) -> dict[tuple[str
     from pipeline.sweeps.tile_probe import PROBE_OTHER, probe_tile
 
     def gemm(op, dtype, m, n, k):
-        return _gemm_callable(op, dtype, 1, m, n, k, dev.torch_device)
+        return gemm_callable(op, dtype, 1, m, n, k, dev.torch_device)
 
     out = {}
     for dtype in dtypes_for(dev.kind):
@@ -143,7 +142,7 @@ def cpu_tiles(dev: DeviceIdentity, profile: Profile, log=None) -> dict[tuple[str
     return out
 
 
-def _set_tf32(dtype: str) -> None:
+def set_tf32(dtype: str) -> None:
     import torch
 
     if torch.cuda.is_available():
@@ -154,14 +153,18 @@ def sweep_gemm(dev: DeviceIdentity, profile: Profile, log=None) -> list[dict]:
     tiles = cpu_tiles(dev, profile, log) if dev.kind == "cpu" else {}
     pts = training_points(dev, profile, tiles) + heldout_points(dev, profile)
     slots = slots_for(dev)
+
+    def make(p: GemmPoint):
+        set_tf32(p.dtype)
+        return gemm_callable(p.op, p.dtype, p.batch, p.m, p.n, p.k, dev.torch_device)
+
+    names = kernel_names(dev, pts, make)
     prog = Progress("gemm_samples", len(pts), log)
     rows = []
     for p in pts:
-        _set_tf32(p.dtype)
-        fn = _gemm_callable(p.op, p.dtype, p.batch, p.m, p.n, p.k, dev.torch_device)
-        kernel = _kernel_name(fn, dev, p.op, p.dtype)
+        kernel = names[p]
         tm, tn = _tile_of(kernel, dev.kind, p.dtype, tiles.get((p.op, p.dtype)))
-        meas = measure(fn, profile.gemm_timing, dev.torch_device, dev.l2_bytes or 0)
+        meas = measure(make(p), profile.gemm_timing, dev.torch_device, dev.l2_bytes or 0)
         rows.append({
             "op": p.op, "dtype": p.dtype, "layout": LAYOUT[p.op], "batch": p.batch, "m": p.m, "n": p.n, "k": p.k,
             "kernel": kernel, "tile_m": tm, "tile_n": tn, "split_k": 1 if dev.kind == "cpu" else None, "slots": slots,

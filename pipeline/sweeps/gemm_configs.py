@@ -24,7 +24,7 @@ from pipeline.harness.progress import Progress
 from pipeline.harness.timer import measure
 from pipeline.predict.geometry import near_square
 from pipeline.sweeps import cublaslt_tables as T
-from pipeline.sweeps.gemm import _kernel_name, _set_tf32, heldout_points, random_shapes
+from pipeline.sweeps.gemm import heldout_points, kernel_name, kernel_names, random_shapes, set_tf32
 from pipeline.sweeps.profiles import Profile
 
 NOMINAL_TILE = (128, 128)  # for a tile id this cuBLASLt's table does not know (rows say tile_source)
@@ -65,14 +65,23 @@ def discovery_shapes(op: str, profile: Profile) -> list[tuple[int, int, int, int
     return list(dict.fromkeys((8, min(m, 1024), min(n, 1024), min(k, 1024)) for m, n, k in profile.gemm_config_shapes))
 
 
-def _tensors(op: str, layout: str, bias: bool, dtype: str, b: int, m: int, n: int, k: int):
+def torch_shapes(op: str, layout: str, b: int, m: int, n: int, k: int) -> tuple[tuple, tuple, tuple]:
+    """(x, w, out) shapes; a bmm keeps its batch dimension even for one matrix (torch.bmm
+    wants 3-D operands; the memory is the same as the 2-D problem cuBLASLt is given)."""
+    xs, ws, outs = T.operand_shapes(layout, b if op == "bmm" else 1, m, n, k)
+    if op == "bmm" and b == 1:
+        xs, ws, outs = (1, *xs), (1, *ws), (1, *outs)
+    return xs, ws, outs
+
+
+def _tensors(op: str, layout: str, bias: bool, dtype: str, b: int, m: int, n: int, k: int, device: str = "cuda"):
     import torch
 
     from pipeline.dtypes import torch_dtype
 
     torch.manual_seed(0)
-    kw = dict(dtype=torch_dtype(dtype), device="cuda")
-    xs, ws, outs = T.operand_shapes(layout, b if op == "bmm" else 1, m, n, k)
+    kw = dict(dtype=torch_dtype(dtype), device=device)
+    xs, ws, outs = torch_shapes(op, layout, b, m, n, k)
     bvec = torch.randn(n, **kw) if bias else None
     return torch.randn(xs, **kw), torch.randn(ws, **kw), torch.empty(outs, **kw), bvec
 
@@ -171,12 +180,12 @@ def _measure_config(lt, dev, cfg, key, point, workspace, profile):
         x, w, out, bvec = _tensors(op, layout, bias, dtype, b, m, n, k)
         fn = lt.runner(prob, cfg, x, w, out, workspace, bvec)
         if cfg.get("lt_kernel") is None:  # the kernel name behind this config, once: links it to torch's
-            cfg["lt_kernel"] = _kernel_name(fn, dev, op, dtype)
+            cfg["lt_kernel"] = kernel_name(fn, dev)
         meas = measure(fn, profile.gemm_timing, dev.torch_device, dev.l2_bytes or 0)
         return _row(dev, cfg, key, point, res, meas, profile)
 
 
-def _heldout_row(lt, dev, key, point, workspace, profile):
+def _heldout_row(lt, dev, key, point, workspace, profile, torch_kernel: str):
     """The heuristic's first choice on a random shape, timed, beside the kernel torch runs there."""
     op, layout, bias, dtype = key
     b, m, n, k = point
@@ -185,12 +194,21 @@ def _heldout_row(lt, dev, key, point, workspace, profile):
     if not top:
         return None
     cfg = dict(top[0], config_source="heuristic", lt_kernel=None)
-    x, w, out, bvec = _tensors(op, layout, bias, dtype, b, m, n, k)
-    torch_kernel = _kernel_name(_torch_fn(op, layout, x, w, bvec), dev, op, dtype)
     row = _measure_config(lt, dev, cfg, key, point, workspace, profile)
     if row is not None:
         row.update(held_out=True, torch_kernel=torch_kernel, selection_match=torch_kernel == row["lt_kernel"])
     return row
+
+
+def _torch_kernels(dev: DeviceIdentity, held: list[tuple]) -> dict:
+    """(key, point) -> the kernel torch itself runs there, all named in one profiler session."""
+    def make(item):
+        (op, layout, bias, dtype), (b, m, n, k) = item
+        set_tf32(dtype)
+        x, w, _, bvec = _tensors(op, layout, bias, dtype, b, m, n, k)
+        return _torch_fn(op, layout, x, w, bvec)
+
+    return kernel_names(dev, held, make)
 
 
 def sweep_gemm_configs(dev: DeviceIdentity, profile: Profile, log=None) -> dict[str, list[dict]]:
@@ -208,7 +226,7 @@ def sweep_gemm_configs(dev: DeviceIdentity, profile: Profile, log=None) -> dict[
         workspace = torch.empty(lt.workspace_bytes, dtype=torch.uint8, device="cuda")
         plan, choices = [], []
         for key in keys:
-            _set_tf32(key[3])
+            set_tf32(key[3])
             configs, picked = _discover(lt, key, profile)
             choices += picked
             for cfg in configs:
@@ -218,11 +236,12 @@ def sweep_gemm_configs(dev: DeviceIdentity, profile: Profile, log=None) -> dict[
                                     key[0] == "bmm")
                 plan += [(key, cfg, p) for p in pts]
             plan += [(key, None, (p.batch, p.m, p.n, p.k)) for p in held if p.op == key[0] and p.dtype == key[3]]
+        torch_kernels = _torch_kernels(dev, [(key, point) for key, cfg, point in plan if cfg is None])
         prog, skipped = Progress("gemm_config_samples", len(plan), log), 0
         for key, cfg, point in plan:
-            _set_tf32(key[3])
+            set_tf32(key[3])
             row = (_measure_config(lt, dev, cfg, key, point, workspace, profile) if cfg is not None
-                   else _heldout_row(lt, dev, key, point, workspace, profile))
+                   else _heldout_row(lt, dev, key, point, workspace, profile, torch_kernels[(key, point)]))
             if row is None:
                 skipped += 1
             else:

@@ -30,7 +30,7 @@ from pipeline.dtypes import element_bytes, torch_dtype
 from pipeline.harness.progress import Progress
 from pipeline.harness.timer import TimingSpec, measure
 from pipeline.predict.memory import MEMORY_OPS, OP_DIMS, memory_bytes
-from pipeline.sweeps.profiles import get_profile
+from pipeline.sweeps.profiles import GPU_FULL_TIMING, GPU_QUICK_TIMING, get_profile
 
 CUDA_ONLY = ("memcpy_h2d",)
 
@@ -56,8 +56,6 @@ class MemorySizes:
 
 _TINY_TIMING = TimingSpec(warmup_s=0.0, budget_s=0.002, min_reps=3, max_reps=10)
 _CPU_QUICK_TIMING = TimingSpec(warmup_s=0.003, budget_s=0.012, min_reps=5, max_reps=60, min_block_s=2e-4)
-_GPU_TIMING = TimingSpec(warmup_s=0.02, budget_s=0.1, min_reps=25, max_reps=2000, flush_l2=True)
-_GPU_FULL_TIMING = TimingSpec(warmup_s=0.05, budget_s=0.2, min_reps=25, max_reps=10000, flush_l2=True)
 
 SIZES = {
     ("tiny", "cpu"): MemorySizes(batch=(4, 32), n_concat=(16,), k_concat=(2, 5), copy_m=(1, 64), copy_n=(64, 512),
@@ -84,14 +82,14 @@ SIZES = {
                                    transpose_mn=(16, 40, 64, 100, 256, 600, 1024, 4096),
                                    transpose_batch=(1, 16, 256),
                                    tril_n=(4, 9, 16, 27, 48, 64), dtypes=("float32", "float16"),
-                                   max_elems=1 << 28, heldout=40, timing=_GPU_TIMING),
+                                   max_elems=1 << 28, heldout=40, timing=GPU_QUICK_TIMING),
     ("full", "cuda"): MemorySizes(batch=(64, 256, 1024, 4096, 16384), n_concat=(16, 32, 64, 128, 256, 512),
                                   k_concat=(2, 5, 9, 17, 27, 65), copy_m=(1, 16, 256, 4096, 65536),
                                   copy_n=(64, 1024, 4096, 16384, 65536),
                                   transpose_mn=(16, 40, 64, 100, 128, 256, 512, 600, 1024, 2048, 4096),
                                   transpose_batch=(1, 4, 16, 64, 256, 1024), tril_n=(4, 9, 16, 27, 33, 48, 64, 100),
                                   dtypes=("float32", "float16", "bfloat16"), max_elems=1 << 30, heldout=200,
-                                  timing=_GPU_FULL_TIMING),
+                                  timing=GPU_FULL_TIMING),
 }
 
 

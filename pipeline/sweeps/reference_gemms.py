@@ -12,7 +12,7 @@ from pipeline.device.discover import DeviceIdentity
 from pipeline.harness.progress import Progress
 from pipeline.harness.timer import measure
 from pipeline.reference import REFERENCE_SHAPES, SHAPE_COLS
-from pipeline.sweeps.gemm import _gemm_callable, _kernel_name, _set_tf32
+from pipeline.sweeps.gemm import gemm_callable, kernel_names, set_tf32
 from pipeline.sweeps.profiles import Profile
 
 
@@ -27,13 +27,18 @@ def reference_points(profile: Profile) -> pd.DataFrame:
 
 def sweep_reference(dev: DeviceIdentity, profile: Profile, log=None) -> list[dict]:
     pts = reference_points(profile)
+
+    def make(i: int):
+        p = pts.iloc[i]
+        set_tf32(p.dtype)  # float32 -> TF32 off, as NeuSight measured
+        return gemm_callable(p.op, p.dtype, int(p.batch), int(p.m), int(p.n), int(p.k), dev.torch_device)
+
+    names = kernel_names(dev, list(range(len(pts))), make)
     prog = Progress("reference_timings", len(pts), log)
     rows = []
-    for p in pts.itertuples():
-        _set_tf32(p.dtype)  # float32 -> TF32 off, as NeuSight measured
-        fn = _gemm_callable(p.op, p.dtype, int(p.batch), int(p.m), int(p.n), int(p.k), dev.torch_device)
-        meas = measure(fn, profile.gemm_timing, dev.torch_device, dev.l2_bytes or 0)
-        rows.append({**{c: getattr(p, c) for c in SHAPE_COLS}, "kernel": _kernel_name(fn, dev, p.op, p.dtype),
+    for i, p in enumerate(pts.itertuples()):
+        meas = measure(make(i), profile.gemm_timing, dev.torch_device, dev.l2_bytes or 0)
+        rows.append({**{c: getattr(p, c) for c in SHAPE_COLS}, "kernel": names[i],
                      **meas.row(profile.gemm_timing.cv_threshold)})
         prog.step(f"{p.source} {p.op} {p.dtype} b={p.batch} {p.m}x{p.n}x{p.k}")
     return rows

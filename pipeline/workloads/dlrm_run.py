@@ -16,7 +16,7 @@ import torch
 from torch import nn
 from torch.nn.utils import skip_init
 
-from pipeline.harness.timer import Measurement, TimingSpec, measure_once
+from pipeline.harness.timer import Measurement, TimingSpec, measure_step
 from pipeline.workloads.dlrm import DLRMSpec, check_batch
 
 
@@ -141,4 +141,4 @@ def measure_training_step(spec: DLRMSpec, batch: int, device: str = "cpu", warmu
     check_batch(spec, batch)
     model = build_dlrm(spec, device, batched=batched)
     inputs = make_batch(spec, batch, device)
-    return measure_once(lambda: train_step(model, inputs), TimingSpec.fixed(warmup, reps), device)
+    return measure_step(lambda: train_step(model, inputs), TimingSpec.fixed(warmup, reps), device)

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from pipeline.dtypes import torch_dtype
-from pipeline.harness.timer import Measurement, TimingSpec, measure_once
+from pipeline.harness.timer import Measurement, TimingSpec, measure_step
 from pipeline.workloads.gpt2 import GPT2Spec, check_batch_seq
 
 
@@ -43,6 +43,6 @@ def measure_forward(spec: GPT2Spec, batch: int, seq: int, dtype: str = "float32"
         torch.set_float32_matmul_precision("high")
     try:
         with torch.inference_mode():
-            return measure_once(lambda: model(input_ids=ids, use_cache=False), TimingSpec.fixed(warmup, reps), device)
+            return measure_step(lambda: model(input_ids=ids, use_cache=False), TimingSpec.fixed(warmup, reps), device)
     finally:
         torch.set_float32_matmul_precision(prev)

@@ -127,7 +127,7 @@ def measure_call(fn_or_module, inputs, warmup: int = 5, reps: int = 25):
     """The real latency here, PM2Lat's protocol (5 warm-up, 25 timed, median), without profiling."""
     import torch
 
-    from pipeline.harness.timer import TimingSpec, measure_once
+    from pipeline.harness.timer import TimingSpec, measure_step
 
     with torch.inference_mode():
-        return measure_once(_call(fn_or_module, inputs), TimingSpec.fixed(warmup, reps))
+        return measure_step(_call(fn_or_module, inputs), TimingSpec.fixed(warmup, reps))

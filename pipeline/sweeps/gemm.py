@@ -12,6 +12,7 @@ import numpy as np
 from pipeline.device.discover import DeviceIdentity
 from pipeline.dtypes import dtypes_for, torch_dtype
 from pipeline.harness.progress import Progress
+from pipeline.harness.stalls import remeasure_stalled
 from pipeline.harness.timer import measure
 from pipeline.predict.geometry import blocks, waves, whole_wave_shape
 from pipeline.sweeps.cpu_kernels import ATEN_KERNEL, cpu_kernel_name
@@ -173,4 +174,7 @@ def sweep_gemm(dev: DeviceIdentity, profile: Profile, log=None) -> list[dict]:
             **meas.row(profile.gemm_timing.cv_threshold),
         })
         prog.step(f"{p.op} {p.dtype} b={p.batch} {p.m}x{p.n}x{p.k}")
+    remeasure_stalled(rows, [lambda p=p: make(p) for p in pts], profile.gemm_timing, dev.torch_device,
+                      dev.l2_bytes or 0, prog.log,
+                      profile.stall_wait_s)
     return rows

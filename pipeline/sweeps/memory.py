@@ -28,6 +28,7 @@ import numpy as np
 from pipeline.device.discover import DeviceIdentity
 from pipeline.dtypes import element_bytes, torch_dtype
 from pipeline.harness.progress import Progress
+from pipeline.harness.stalls import remeasure_stalled
 from pipeline.harness.timer import TimingSpec, measure
 from pipeline.predict.memory import MEMORY_OPS, OP_DIMS, memory_bytes
 from pipeline.sweeps.profiles import GPU_FULL_TIMING, GPU_QUICK_TIMING, get_profile
@@ -193,7 +194,7 @@ def sweep_memory(dev: DeviceIdentity, profile_name, log=None) -> list[dict]:
     prog = Progress("memory_samples", len(todo), log)
     if dev.kind != "cuda":
         prog.log(f"[memory_samples] {', '.join(CUDA_ONLY)} skipped: the CPU has no host-to-device copy")
-    rows, skipped = [], 0
+    rows, makers, skipped = [], [], 0
     for op, dtype, s, held in todo:
         full = {d: int(s.get(d, 1)) for d in ("batch", "m", "n", "k")}
         try:
@@ -208,7 +209,10 @@ def sweep_memory(dev: DeviceIdentity, profile_name, log=None) -> list[dict]:
             "bytes": float(memory_bytes(op, element_bytes(dtype), **{d: s[d] for d in OP_DIMS[op]})),
             "held_out": held, **meas.row(z.timing.cv_threshold),
         })
+        makers.append(lambda a=(op, dtype, s): _callable(*a, dev.torch_device))
         prog.step(f"{op} {dtype} {s}")
+    remeasure_stalled(rows, makers, z.timing, dev.torch_device, dev.l2_bytes or 0, prog.log,
+                      profile.stall_wait_s)
     if skipped:
         prog.log(f"[memory_samples] {skipped} points ran out of device memory: not recorded")
     return rows

@@ -6,6 +6,7 @@ import numpy as np
 from pipeline.device.discover import DeviceIdentity
 from pipeline.dtypes import dtypes_for, element_bytes, torch_dtype
 from pipeline.harness.progress import Progress
+from pipeline.harness.stalls import remeasure_stalled
 from pipeline.harness.timer import measure
 from pipeline.predict.traffic import utility_traffic
 from pipeline.sweeps.profiles import Profile
@@ -77,4 +78,7 @@ def sweep_utility(dev: DeviceIdentity, profile: Profile, log=None) -> list[dict]
             **meas.row(profile.utility_timing.cv_threshold),
         })
         prog.step(f"{op} {dtype} {rows}x{cols}")
+    makers = [lambda a=(op, dtype, r, c): _utility_callable(*a, dev.torch_device) for dtype, op, (r, c), _ in todo]
+    remeasure_stalled(rows_out, makers, profile.utility_timing, dev.torch_device, dev.l2_bytes or 0, prog.log,
+                      profile.stall_wait_s)
     return rows_out

@@ -8,6 +8,7 @@ import dagster as dg
 import pandas as pd
 
 from pipeline.config import devchar_home
+from pipeline.slugs import check_slug, under
 
 
 def image_md(png: bytes, title: str) -> dg.MetadataValue:
@@ -16,7 +17,7 @@ def image_md(png: bytes, title: str) -> dg.MetadataValue:
 
 
 def save_plot(png: bytes, device: str, name: str):
-    path = devchar_home() / "plots" / device / f"{name}.png"
+    path = under(devchar_home() / "plots", check_slug(device, "partition key"), f"{name}.png")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(png)
     return path

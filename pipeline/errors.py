@@ -40,3 +40,11 @@ def check_dims(**dims: int) -> None:
             raise BadShapeError(f"dimension {name}={value!r} is not an integer")
         if int(value) <= 0:
             raise BadShapeError(f"dimension {name}={value} must be positive")
+
+
+class BadSlugError(DevcharError, ValueError):
+    """A device slug or partition key that may not name a path."""
+
+
+class ContractError(DevcharError, ValueError):
+    """Rows that do not fit the table contract (pipeline/tables.py)."""

@@ -125,7 +125,9 @@ def write_rows(rows: list[dict], out_dir: Path, table: str) -> Path:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m pipeline.runner", description=__doc__)
     ap.add_argument("sweeps", nargs="+", help=f"one or more of {sorted(SWEEPS)} or 'all'")
-    ap.add_argument("--device", default="auto", help="auto, cpu, cuda, or a device slug")
+    from pipeline.slugs import device_arg
+
+    ap.add_argument("--device", default="auto", type=device_arg, help="auto, cpu, cuda, or a device slug")
     ap.add_argument("--profile", default=os.environ.get("DEVCHAR_PROFILE", "quick"))
     ap.add_argument("--out", default="runner-out", help="directory for the output files")
     ap.add_argument("--run-id", default=None)

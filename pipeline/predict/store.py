@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 from pipeline.errors import MissingModelError
+from pipeline.slugs import check_slug, under
 from pipeline.predict.attention import AttentionModel
 from pipeline.predict.baselines import BASELINES as BASELINE_CLASSES
 from pipeline.predict.embedding import EmbeddingModel
@@ -42,7 +43,7 @@ def new_version(data_hash: str) -> str:
 
 
 def save(root: Path, device: str, model_name: str, model, meta: dict, version: str) -> Path:
-    final = Path(root) / device / model_name / version
+    final = under(root, check_slug(device), model_name, version)
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=".tmp-"))
     try:
@@ -60,7 +61,7 @@ def save(root: Path, device: str, model_name: str, model, meta: dict, version: s
 
 
 def versions(root: Path, device: str, model_name: str) -> list[str]:
-    d = Path(root) / device / model_name
+    d = under(root, check_slug(device), model_name)
     return sorted(p.name for p in d.iterdir() if p.is_dir() and not p.name.startswith(".")) if d.is_dir() else []
 
 
@@ -90,7 +91,7 @@ def load(root: Path, device: str, model_name: str, version: str = "latest"):
                                     f"({found}); re-calibrate on a quieter machine or load one by version")
         version = good[-1]
     v = version
-    path = Path(root) / device / model_name / v / "model.json"
+    path = under(root, device, model_name, v, "model.json")
     if not path.is_file():
         raise MissingModelError(f"{model_name} version {v!r} for device {device!r} not found; have {found}")
     try:

@@ -11,6 +11,8 @@ import pandas as pd
 
 from pipeline.config import duckdb_path
 from pipeline.errors import DevcharError
+from pipeline.slugs import check_slug
+from pipeline.tables import SQL_TYPES, check_columns, contract
 
 TABLES = ("devices", "gemm_samples", "utility_samples", "attention_samples", "embedding_samples", "memory_samples",
           "overhead_samples", "workload_graphs", "opencl_launches", "workload_runs", "predictions", "model_errors",
@@ -31,9 +33,20 @@ COLUMN_TYPES = {
 }
 
 
+# `devchar sql`'s connection (DuckDB 1.x settings): external access covers COPY TO/FROM, ATTACH,
+# EXPORT, the file readers and extension INSTALL/LOAD; locked, no statement can SET it back.
+USER_QUERY_CONFIG = {"enable_external_access": False, "autoinstall_known_extensions": False,
+                     "autoload_known_extensions": False, "lock_configuration": True}
+
+
+def quote(name: str) -> str:
+    """A SQL identifier, double-quoted, any embedded quote doubled."""
+    return '"' + str(name).replace('"', '""') + '"'
+
+
 def _typed_select(table: str, columns) -> str:
     types = COLUMN_TYPES.get(table, {})
-    return ", ".join(f'CAST("{c}" AS {types[c]}) AS "{c}"' if c in types else f'"{c}"' for c in columns)
+    return ", ".join(f"CAST({quote(c)} AS {types[c]}) AS {quote(c)}" if c in types else quote(c) for c in columns)
 
 
 class DuckDBWarehouse(dg.ConfigurableResource):
@@ -45,15 +58,17 @@ class DuckDBWarehouse(dg.ConfigurableResource):
         return Path(self.path) if self.path else duckdb_path()
 
     @contextmanager
-    def connect(self, read_only: bool = False):
-        """Opens the file, retrying while another process holds the write lock (DuckDB allows one writer)."""
+    def connect(self, read_only: bool = False, config: dict | None = None):
+        """Opens the file, retrying while another process holds the write lock (DuckDB allows one writer).
+        Read-only never creates anything: no file, no directory."""
         path = self.db_path()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        if read_only and not path.exists():
-            raise DevcharError(f"no warehouse at {path}; run `devchar run` first")
+        if read_only and not path.is_file():
+            raise DevcharError(f"no warehouse at {path}; run `devchar run` or `devchar load` first")
+        if not read_only:
+            path.parent.mkdir(parents=True, exist_ok=True)
         for attempt in range(40):
             try:
-                con = duckdb.connect(str(path), read_only=read_only)
+                con = duckdb.connect(str(path), read_only=read_only, config=config or {})
                 break
             except duckdb.IOException as exc:
                 if "lock" not in str(exc).lower() or attempt == 39:
@@ -71,40 +86,75 @@ class DuckDBWarehouse(dg.ConfigurableResource):
         assets write (model_errors by `model`, predictions by `workload`) replace only the
         writer's own slice, so one asset re-materializing never erases another's rows.
         """
-        if table not in TABLES:
-            raise DevcharError(f"unknown table {table!r}; expected one of {TABLES}")
-        if rows.empty:
-            raise DevcharError(f"refusing to replace {table} for device {device!r} with zero rows")
-        if "device" not in rows or set(rows["device"].unique()) != {device}:
-            raise DevcharError(f"rows for {table} name devices {sorted(rows.get('device', pd.Series()).unique())}, "
-                               f"not the partition {device!r}")
+        return self.replace_partitions([(table, device, rows, scope)])
+
+    def replace_partitions(self, parts: list[tuple]) -> int:
+        """Several (table, device, rows[, scope]) replacements in ONE transaction: all land or none.
+
+        Every frame is checked first (known table, a valid device slug naming every row, only
+        the contract's columns, of their kinds: pipeline/tables.py); nothing touches the
+        file until all pass. Column names reach SQL only quoted, and only contract names.
+        """
+        parts = [(t, d, r, (s[0] if s else None)) for t, d, r, *s in parts]
+        for table, device, rows, scope in parts:
+            if table not in TABLES:
+                raise DevcharError(f"unknown table {table!r}; expected one of {TABLES}")
+            check_slug(device)
+            if rows.empty:
+                raise DevcharError(f"refusing to replace {table} for device {device!r} with zero rows")
+            if "device" not in rows or set(rows["device"].unique()) != {device}:
+                raise DevcharError(f"rows for {table} name devices "
+                                   f"{sorted(rows.get('device', pd.Series()).unique())}, not the partition {device!r}")
+            check_columns(table, rows)
+            if scope is not None and scope not in rows:
+                raise DevcharError(f"scope column {scope!r} is not in the rows for {table}")
         with self.connect() as con:
-            con.register("raw_incoming", rows)
-            con.execute(f"CREATE TEMP VIEW incoming AS SELECT {_typed_select(table, rows.columns)} FROM raw_incoming")
             con.execute("BEGIN TRANSACTION")
             try:
-                con.execute(f"CREATE TABLE IF NOT EXISTS {table} AS SELECT * FROM incoming LIMIT 0")
-                have = {r[0] for r in con.execute(f"SELECT column_name FROM (DESCRIBE {table})").fetchall()}
-                for col in rows.columns:  # additive schema change: new columns appear, old rows get NULL
-                    if col not in have:
-                        dtype = con.execute(f'SELECT typeof("{col}") FROM incoming LIMIT 1').fetchone()[0]
-                        dtype = "VARCHAR" if dtype == "NULL" else dtype
-                        con.execute(f'ALTER TABLE {table} ADD COLUMN "{col}" {dtype}')
-                if scope is None:
-                    con.execute(f"DELETE FROM {table} WHERE device = ?", [device])
-                else:
-                    if scope not in rows:
-                        raise DevcharError(f"scope column {scope!r} is not in the rows for {table}")
-                    values = sorted(rows[scope].astype(str).unique())
-                    marks = ", ".join("?" * len(values))
-                    con.execute(f'DELETE FROM {table} WHERE device = ? AND CAST("{scope}" AS VARCHAR) IN ({marks})',
-                                [device, *values])
-                con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM incoming")
+                for i, (table, device, rows, scope) in enumerate(parts):
+                    self._replace(con, i, table, device, rows, scope)
                 con.execute("COMMIT")
-            except Exception:
+            except BaseException:
                 con.execute("ROLLBACK")
                 raise
-        return len(rows)
+        return sum(len(p[2]) for p in parts)
+
+    @staticmethod
+    def _replace(con, i: int, table: str, device: str, rows: pd.DataFrame, scope: str | None) -> None:
+        """One replacement inside the caller's transaction."""
+        raw, incoming, tbl = f"raw_incoming_{i}", f"incoming_{i}", quote(table)
+        con.register(raw, rows)
+        con.execute(f"CREATE TEMP VIEW {incoming} AS SELECT {_typed_select(table, rows.columns)} FROM {raw}")
+        con.execute(f"CREATE TABLE IF NOT EXISTS {tbl} AS SELECT * FROM {incoming} LIMIT 0")
+        have = {r[0] for r in con.execute(f"SELECT column_name FROM (DESCRIBE {tbl})").fetchall()}
+        for col in rows.columns:  # additive schema change: new columns appear, old rows get NULL
+            if col not in have:
+                dtype = con.execute(f"SELECT typeof({quote(col)}) FROM {incoming} LIMIT 1").fetchone()[0]
+                dtype = SQL_TYPES[contract(table).kind(col)] if dtype == "NULL" else dtype
+                con.execute(f"ALTER TABLE {tbl} ADD COLUMN {quote(col)} {dtype}")
+        if scope is None:
+            con.execute(f"DELETE FROM {tbl} WHERE device = ?", [device])
+        else:
+            values = sorted(rows[scope].astype(str).unique())
+            marks = ", ".join("?" * len(values))
+            con.execute(f"DELETE FROM {tbl} WHERE device = ? AND CAST({quote(scope)} AS VARCHAR) IN ({marks})",
+                        [device, *values])
+        con.execute(f"INSERT INTO {tbl} BY NAME SELECT * FROM {incoming}")
+
+    def user_query(self, sql: str) -> pd.DataFrame:
+        """`devchar sql`: exactly one statement, on a read-only connection that can reach nothing
+        but the warehouse (no COPY/EXPORT to files, no ATTACH, no read_csv of other files, no
+        extension installs: DuckDB's own settings refuse them, and are locked so the statement
+        cannot turn them back on). Never creates the database. DuckDB's errors come back as
+        one-line DevcharErrors."""
+        try:
+            with self.connect(read_only=True, config=USER_QUERY_CONFIG) as con:
+                n = len(con.extract_statements(sql))
+                if n != 1:
+                    raise DevcharError(f"expected exactly one SQL statement; got {n}")
+                return con.execute(sql).df()
+        except duckdb.Error as exc:  # the message's first paragraph (its LINE 1 ... caret part dropped)
+            raise DevcharError(" ".join(str(exc).split("\n\n")[0].split())) from exc
 
     def query(self, sql: str, params: list | None = None) -> pd.DataFrame:
         with self.connect(read_only=self.db_path().exists()) as con:

@@ -83,10 +83,12 @@ def cmd_predict(args) -> int:
 
 
 def cmd_sql(args) -> int:
+    """One read-only statement (DuckDBWarehouse.user_query); errors are one line."""
     import pandas as pd
 
+    df = _warehouse().user_query(args.query)
     with pd.option_context("display.max_rows", 200, "display.width", 200, "display.max_columns", 30):
-        print(_warehouse().query(args.query).to_string(index=False))
+        print(df.to_string(index=False))
     return 0
 
 
@@ -97,20 +99,44 @@ def cmd_ui(args) -> int:
                             "-h", args.host, "-p", str(args.port)], cwd=REPO_ROOT)
 
 
-def cmd_load(args) -> int:
-    """Load a runner output directory (e.g. a GPU node's parquet) into the warehouse."""
-    from resources.devices import read_rows
+def _load_parts(directory: Path) -> list[tuple]:
+    """(table, device, rows) for every runner file in `directory`, each checked against the
+    table contract (pipeline/tables.py) before anything is written. The runner's resume file
+    (checkpoint-*.jsonl) and files that are not .parquet/.jsonl are passed over."""
     from pipeline.runner import SWEEPS, tables_of
+    from pipeline.tables import validate
+    from resources.devices import read_rows
 
-    wh = _warehouse()
-    known = {t for sweep in SWEEPS for t in tables_of(sweep)}
-    for path in sorted(Path(args.dir).iterdir()):
-        table = path.name.split(".")[0]
-        if table in known:
+    if not directory.is_dir():
+        raise DevcharError(f"no such directory: {directory}")
+    known, seen, parts = sorted({t for sweep in SWEEPS for t in tables_of(sweep)}), {}, []
+    for path in sorted(directory.iterdir()):
+        if path.suffix not in (".parquet", ".jsonl") or path.name.startswith("checkpoint-") or not path.is_file():
+            continue
+        table = path.stem
+        if table not in known:
+            raise DevcharError(f"{path}: no table {table!r}; runner files are <table>.parquet or .jsonl for {known}")
+        if table in seen:
+            raise DevcharError(f"{path}: {table} is also in {seen[table]}; keep one file per table")
+        seen[table] = path.name
+        try:
             df = read_rows(path)
-            for device, rows in df.groupby("device"):
-                wh.replace_partition(table, str(device), rows)
-                print(f"{table}: {len(rows)} rows for {device}")
+        except (OSError, ValueError) as exc:
+            raise DevcharError(f"{path}: cannot read it: {' '.join(str(exc).split())}") from exc
+        validate(table, df, str(path))
+        parts += [(table, str(device), rows) for device, rows in df.groupby("device", sort=True)]
+    if not parts:
+        raise DevcharError(f"{directory} holds no runner output (<table>.parquet or .jsonl for {known})")
+    return parts
+
+
+def cmd_load(args) -> int:
+    """Load a runner output directory (e.g. a GPU node's parquet) into the warehouse: every file
+    is validated first, then all of them replace their devices' rows in one transaction."""
+    parts = _load_parts(Path(args.dir))
+    _warehouse().replace_partitions(parts)
+    for table, device, rows in parts:
+        print(f"loaded {table}: {len(rows)} rows for {device}")
     return 0
 
 
@@ -183,8 +209,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--module", default=None, help="pkg.module:factory returning (module_or_callable, inputs)")
     p.add_argument("--measure", action="store_true", help="also run it here and print the measured time")
     p.set_defaults(fn=cmd_predict)
-    s = sub.add_parser("sql", help="run a SQL query against the DuckDB warehouse")
-    s.add_argument("query")
+    s = sub.add_parser("sql", help="run one read-only SQL statement against the DuckDB warehouse")
+    s.add_argument("query", help="exactly one statement; it can read the warehouse's tables and nothing else")
     s.set_defaults(fn=cmd_sql)
     u = sub.add_parser("ui", help="serve the Dagster UI (dagster dev)")
     u.add_argument("--host", default="127.0.0.1")
@@ -215,18 +241,23 @@ def build_parser() -> argparse.ArgumentParser:
     rf = sub.add_parser("reference", help="devchar's GEMM error on the peer H100 shapes (NeuSight fp32, Vidur fp16)")
     rf.add_argument("--device", default=None, help="device slug (default: the local device)")
     rf.set_defaults(fn=lambda a: _lazy("cmd_reference")(a))
-    ld = sub.add_parser("load", help="load a `python -m pipeline.runner` output directory into DuckDB")
-    ld.add_argument("dir")
+    ld = sub.add_parser("load", help="validate a `python -m pipeline.runner` output directory, then load it into "
+                                     "DuckDB (all or nothing)")
+    ld.add_argument("dir", help="holds <table>.parquet or <table>.jsonl files")
     ld.set_defaults(fn=cmd_load)
     return ap
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    ap = build_parser()
+    ap.add_argument("--debug", action="store_true", help="show a traceback instead of a one-line error")
+    args = ap.parse_args(argv)
     try:
         return args.fn(args)
     except DevcharError as exc:
-        print(f"devchar: error: {exc}", file=sys.stderr)
+        if args.debug:
+            raise
+        print(f"devchar: error: {' '.join(str(exc).split())}", file=sys.stderr)
         return 2
 
 

@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 export DEVCHAR_HOME ?= $(CURDIR)/.devchar
 
-.PHONY: run test ui mlflow lock clean
+.PHONY: run test check-references ui mlflow lock clean
 
 # Re-installs only when the requirements change (the stamp is older than them).
 $(STAMP): requirements.txt requirements.lock pyproject.toml
@@ -22,6 +22,14 @@ run: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q
+
+# Fit, predict and check every committed reference calibration (models_store/reference/<slug>/),
+# each in a data directory of its own: nothing is measured, the blocking held-out checks gate.
+check-references: $(STAMP)
+	@set -e; found=0; for d in models_store/reference/*/; do \
+	  [ -f "$$d/devices.parquet" ] || continue; found=1; slug=$$(basename "$$d"); \
+	  DEVCHAR_HOME="$(DEVCHAR_HOME)/references/$$slug" $(VENV)/bin/devchar run --device "$$slug" --log-level WARNING; \
+	done; [ $$found = 1 ] || echo "check-references: no committed calibration under models_store/reference/"
 
 ui: $(STAMP)
 	$(VENV)/bin/devchar ui

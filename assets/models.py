@@ -64,6 +64,9 @@ def fit_and_register(context, warehouse, tracking, store, name: str, table: str,
         check_results=[dg.AssetCheckResult(
             check_name="heldout_error", passed=passed,
             metadata={"worst_median": f"{worst['op']} {worst['dtype']}: {worst['median_rel_err']:.1%}",
+                      "over_threshold": "; ".join(f"{r.op} {r.dtype}: median {r.median_rel_err:.1%}" for r in
+                                                  errors[errors["median_rel_err"] > max_heldout_err()].itertuples())
+                      or "none",
                       "overall_mean": float(overall["mean_rel_err"]), "max_median_allowed": max_heldout_err(),
                       "max_mean_allowed": max_heldout_mean_err()})])
 

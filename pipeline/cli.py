@@ -28,6 +28,9 @@ def _warehouse():
     return DuckDBWarehouse()
 
 
+LOCAL_KINDS = ("auto", "cpu", "cuda")
+
+
 def cmd_run(args) -> int:
     if args.profile:
         os.environ["DEVCHAR_PROFILE"] = args.profile
@@ -35,24 +38,97 @@ def cmd_run(args) -> int:
     import dagster as dg
 
     from pipeline.definitions import defs
-    from pipeline.device.discover import identify
     from pipeline.partitions import devices
 
-    slug = identify(args.device).slug
+    if args.device in LOCAL_KINDS:
+        from pipeline.device.discover import identify
+
+        slug, source, selection = identify(args.device).slug, "measured", None
+    else:
+        slug, selection = _reference_plan(args.device)
+        from resources.devices import reference_dir
+
+        source = f"from its committed calibration {reference_dir(slug)}"
     instance = dg.DagsterInstance.get()
     if not instance.has_dynamic_partition(devices.name, slug):
         instance.add_dynamic_partitions(devices.name, [slug])
-    print(f"devchar: characterizing {slug} (profile {os.environ.get('DEVCHAR_PROFILE', 'quick')}); "
+    print(f"devchar: characterizing {slug} ({source}; profile {os.environ.get('DEVCHAR_PROFILE', 'quick')}); "
           f"state in {devchar_home()}", flush=True)
+    run_config = {"loggers": {"console": {"config": {"log_level": args.log_level}}}}
+    if selection is not None:
+        run_config["resources"] = {"device_runner": {"config": {"source": "reference"}}}
     result = defs.resolve_job_def("characterize_device").execute_in_process(
-        partition_key=slug, instance=instance, raise_on_error=False,
-        run_config={"loggers": {"console": {"config": {"log_level": args.log_level}}}})
+        partition_key=slug, instance=instance, raise_on_error=False, run_config=run_config,
+        asset_selection=selection)
+    if selection is not None:
+        _load_reference_only_tables(slug)
     print(summary(slug))
-    if not result.success:
-        failed = [e.step_key for e in result.all_events if e.event_type_value == "STEP_FAILURE"]
-        print(f"devchar: run {result.run_id} failed at {failed}; see `make ui` for its logs", file=sys.stderr)
+    checks, steps = _failures(result.all_events)
+    if not result.success or any(c.blocking for c in checks):
+        from pipeline.run_report import explain_failure, noisy_shares
+
+        where = [c.asset for c in checks if c.blocking] + [s.step for s in steps]
+        print(f"devchar: run {result.run_id} failed at {where}; its logs: `make ui`", file=sys.stderr)
+        print(explain_failure(checks, steps, noisy_shares(_warehouse(), slug), _threads(slug)), file=sys.stderr)
         return 1
     return 0
+
+
+def _failures(events) -> tuple[list, list]:
+    """(failed checks, failed steps) from a run's events, as plain records."""
+    from pipeline.run_report import FailedCheck, FailedStep
+
+    checks, steps = [], []
+    for e in events:
+        if e.event_type_value == "ASSET_CHECK_EVALUATION" and not e.event_specific_data.passed:
+            ev = e.event_specific_data
+            meta = {k: getattr(v, "value", v) for k, v in (ev.metadata or {}).items()}
+            checks.append(FailedCheck(ev.asset_key.to_user_string(), ev.check_name, bool(ev.blocking), meta))
+        elif e.event_type_value == "STEP_FAILURE":
+            msg = getattr(getattr(e.event_specific_data, "error", None), "message", "") or ""
+            if "blocking check" not in msg.lower():  # already told as the failed check itself
+                steps.append(FailedStep(e.step_key, msg))
+    return checks, steps
+
+
+def _threads(slug: str) -> int | None:
+    try:
+        row = _warehouse().device_rows("devices", slug).iloc[0]
+        return int(row["threads"]) if row.get("threads") == row.get("threads") else None
+    except (DevcharError, KeyError, TypeError, ValueError):
+        return None
+
+
+def _reference_plan(slug: str):
+    """(slug, asset keys) for a run from a committed calibration: every asset whose sweep's
+    tables the calibration holds, and what depends only on those."""
+    from pipeline.definitions import defs
+    from pipeline.jobs import selection_without
+    from pipeline.runner import SWEEPS, tables_of
+    from resources.devices import committed_references, reference_tables
+
+    known = committed_references()
+    if slug not in known:
+        raise DevcharError(f"--device {slug!r} is neither a local kind ({', '.join(LOCAL_KINDS)}) nor a committed "
+                           f"reference calibration under models_store/reference/; committed: {known or 'none'}")
+    have = reference_tables(slug)
+    missing = {sweep for sweep in SWEEPS if not set(tables_of(sweep)) <= have}
+    keys = selection_without(missing).resolve(defs.resolve_asset_graph())
+    if missing:
+        print(f"devchar: {slug}: no {', '.join(sorted(SWEEPS[s] for s in missing))} in its calibration: "
+              "those assets and their dependents are skipped", flush=True)
+    return slug, sorted(keys, key=lambda k: k.path)
+
+
+def _load_reference_only_tables(slug: str) -> None:
+    """Tables no asset fills (the peer shapes timed there) go straight to the warehouse."""
+    from resources.devices import read_rows, reference_file
+
+    path = reference_file(slug, "reference_timings")
+    if path is not None:
+        rows = read_rows(path).assign(device=slug)
+        _warehouse().replace_partition("reference_timings", slug, rows)
+        print(f"devchar: reference_timings: {len(rows)} rows for {slug}")
 
 
 def summary(device: str) -> str:
@@ -190,8 +266,10 @@ def _lazy(name: str):
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="devchar", description="Characterize a device and predict DL workload latency.")
     sub = ap.add_subparsers(dest="cmd", required=True)
-    r = sub.add_parser("run", help="characterize the local device, fit, predict, print a summary")
-    r.add_argument("--device", default="auto", help="auto, cpu or cuda")
+    r = sub.add_parser("run", help="characterize a device, fit, predict, print a summary")
+    r.add_argument("--device", default="auto",
+                   help="auto, cpu or cuda (measure this machine), or the slug of a committed reference "
+                        "calibration under models_store/reference/ (fit and predict from it, measure nothing)")
     r.add_argument("--profile", default=None, help="tiny, quick (default) or full")
     r.add_argument("--log-level", default="INFO", help="Dagster console log level (DEBUG shows every event)")
     r.set_defaults(fn=cmd_run)
@@ -237,6 +315,8 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--new-batch", type=int, default=None, help="predict at this batch size instead")
     w.add_argument("--fuse-embeddings", action="store_true", help="one batched EmbeddingBag (DLRM paper Fig. 11)")
     w.add_argument("--measure", action="store_true", help="also run the transformed DLRM here and time it")
+    w.add_argument("--breakdown", action="store_true",
+                   help="per op kind: traced self time in the captured run beside the predicted time")
     w.set_defaults(fn=lambda a: _lazy("cmd_what_if")(a))
     rf = sub.add_parser("reference", help="devchar's GEMM error on the peer H100 shapes (NeuSight fp32, Vidur fp16)")
     rf.add_argument("--device", default=None, help="device slug (default: the local device)")

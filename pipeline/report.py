@@ -23,9 +23,13 @@ def render_summary(warehouse, device: str) -> str:
             peaks = ", ".join(f"{dt} {_fmt_flops(r[f'peak_flops_{dt}'])}" for dt in
                               ("float32", "tf32", "bfloat16", "float16") if _present(r.get(f"peak_flops_{dt}")))
             lines.append(f"measured peaks: {peaks}; copy bandwidth {r['bandwidth_gbps']:.1f} GB/s")
+    e = None
     if warehouse.has_table("model_errors"):
         e = warehouse.query("SELECT model, layer_type, dtype, n, mean_rel_err, max_rel_err FROM model_errors "
                             "WHERE device = ? ORDER BY dtype, layer_type", [device])
+    if e is None or not (e["model"] == "devchar").any():
+        lines.append(_fitted_errors(device))  # model_evaluation did not run: what each fit measured itself
+    if e is not None:
         if not e.empty:
             lines.append("\n-- held-out error per layer type (PM2Lat Table II analog; shapes never fitted) --")
             own = e[e["model"] == "devchar"].drop(columns="model")
@@ -61,3 +65,37 @@ def _workload_section(workload: str, p) -> str:
     out += [f"  {r.predictor}: {r.geomean_abs_err:.1%} / {r.min_abs_err:.1%} / {r.max_abs_err:.1%} (n={r.n})"
             for r in tv.itertuples()]
     return "\n".join(out)
+
+
+FITTED = ("gemm_model", "utility_model", "attention_model")
+
+
+def _fitted_errors(device: str) -> str:
+    """Held-out errors from each model's newest saved version, passed or not: the Table II
+    section is never empty when a fit ran but a failed check stopped the evaluation."""
+    import json
+
+    import pandas as pd
+
+    from pipeline.config import model_store_root
+    from pipeline.errors import DevcharError
+    from pipeline.predict import store
+
+    frames = []
+    for name in FITTED:
+        try:
+            found = store.versions(model_store_root(), device, name)
+        except DevcharError:
+            found = []
+        if not found:
+            continue
+        meta = json.loads((model_store_root() / device / name / found[-1] / "meta.json").read_text())
+        verdict = "passed" if meta.get("heldout_check_passed", True) else "FAILED its check"
+        frames.append(pd.DataFrame(meta.get("errors", [])).assign(model=f"{name} ({verdict})"))
+    if not frames:
+        return "\n-- held-out error: no model was fitted --"
+    df = pd.concat(frames, ignore_index=True)
+    cols = [c for c in ("model", "op", "dtype", "n", "median_rel_err", "mean_rel_err", "max_rel_err") if c in df]
+    pct = {c: "{:.1%}".format for c in cols if c.endswith("_rel_err")}
+    return ("\n-- held-out error per (op, dtype), from each fit (the evaluation did not run) --\n"
+            + df[cols].to_string(index=False, formatters=pct))

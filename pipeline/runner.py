@@ -141,6 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     with contextlib.ExitStack() as stack:
         pipes = _open_pipes(stack)
         log = pipes.log.info if pipes else None
+        start = time.perf_counter()
         try:
             for name in names:
                 t0 = time.perf_counter()
@@ -151,6 +152,8 @@ def main(argv: list[str] | None = None) -> int:
                           file=sys.stderr, flush=True)
                     if pipes:
                         pipes.report_custom_message({"table": table, "path": str(path), "rows": len(rows)})
+            if len(names) > 1:
+                print(f"runner: {len(names)} sweeps in {time.perf_counter() - start:.1f}s", file=sys.stderr, flush=True)
         except DevcharError as exc:  # bad input: one clear line, not a traceback
             print(f"error: {exc}", file=sys.stderr)
             return 2

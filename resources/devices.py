@@ -5,7 +5,8 @@
 - `in_process`: the local device, in the Dagster run's own process (quicker to start).
 - A partition key that is not a local device but has a committed reference calibration
   (models_store/reference/<device>/<table>.parquet, measured on a GPU node by the same
-  runner) is loaded from there.
+  runner) is loaded from there; `source="reference"` loads it even where the device is local
+  (`devchar run --device <slug>`: CI replays committed calibrations on any machine).
 """
 from __future__ import annotations
 
@@ -26,6 +27,22 @@ def read_rows(path: Path) -> pd.DataFrame:
     return pd.read_parquet(path) if path.suffix == ".parquet" else pd.read_json(path, lines=True)
 
 
+def reference_dir(device: str) -> Path:
+    return reference_root() / device
+
+
+def committed_references() -> list[str]:
+    """Slugs with a committed calibration (a devices table at least)."""
+    root = reference_root()
+    return sorted(p.name for p in root.iterdir() if reference_file(p.name, "devices")) if root.is_dir() else []
+
+
+def reference_tables(device: str) -> set[str]:
+    """The tables a committed reference calibration holds."""
+    folder = reference_dir(device)
+    return {p.name.split(".")[0] for p in folder.glob("*.*") if p.suffix in (".parquet", ".jsonl")}
+
+
 def reference_file(device: str, table: str) -> Path | None:
     for suffix in (".parquet", ".jsonl"):
         p = reference_root() / device / f"{table}{suffix}"
@@ -40,6 +57,9 @@ class DeviceRunner(dg.ConfigurableResource):
     # in-process run leaves glibc's mmap threshold raised, which hides the page faults large
     # outputs pay in a real run), and a crashing or hung kernel takes down only the child.
     mode: Literal["in_process", "subprocess"] = "subprocess"
+    # "auto": a local device is measured, any other partition loads its reference calibration;
+    # "reference": the committed calibration always, never a measurement
+    source: Literal["auto", "reference"] = "auto"
 
     def profile_name(self) -> str:
         return self.profile or profile_name()
@@ -52,14 +72,14 @@ class DeviceRunner(dg.ConfigurableResource):
         """Every table the sweep fills (runner.tables_of), by name."""
         from pipeline.device.discover import local_devices
 
-        if device not in local_devices():
+        if self.source == "reference" or device not in local_devices():
             out = {}
             for table in tables_of(sweep):
                 ref = reference_file(device, table)
                 if ref is None:
                     raise UnknownDeviceError(f"device {device!r} is neither local nor has a reference calibration "
                                              f"for {table} under {reference_root() / device}")
-                context.log.info(f"{device} is not local: loading its reference calibration {ref}")
+                context.log.info(f"{device}: loading its reference calibration {ref}")
                 out[table] = read_rows(ref).assign(device=device)
             return out
         if self.mode == "subprocess":

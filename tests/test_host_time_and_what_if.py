@@ -191,3 +191,20 @@ def test_predict_module_for_a_gpu_target_walks_algorithm1_asynchronously(synthet
     assert out["e2e"].bound == "cpu" and out["e2e_us"] > out["kernel_only_us"]
     sync = predict_module(model, x, synthetic_gemm_model, utility, gpu, synchronous=True)
     assert sync["kernel_only_us"] == pytest.approx(out["kernel_only_us"])
+
+
+def test_op_breakdown_groups_traced_and_predicted_time_by_op():
+    from pipeline.workloads.graph_predict import op_breakdown
+
+    cov = {"ops": [
+        {"id": 1, "name": "aten::addmm", "status": "priced", "model_op": "mm", "measured_us": 100.0, "predicted_us": 80.0},
+        {"id": 2, "name": "aten::addmm", "status": "priced", "model_op": "mm", "measured_us": 50.0, "predicted_us": 40.0},
+        {"id": 3, "name": "aten::view", "status": "free", "model_op": None, "measured_us": 1.0, "predicted_us": 0.0},
+        {"id": 4, "name": "aten::rotary", "status": "dropped", "model_op": None, "measured_us": 30.0,
+         "predicted_us": 0.0},
+    ]}
+    t = op_breakdown(cov)
+    top = t.iloc[0]
+    assert (top["name"], top["count"], top["traced_us"], top["predicted_us"]) == ("aten::addmm", 2, 150.0, 120.0)
+    assert abs(top["predicted_over_traced"] - 0.8) < 1e-9 and abs(t["share_of_traced"].sum() - 1) < 1e-9
+    assert list(t["name"]) == ["aten::addmm", "aten::rotary", "aten::view"]

@@ -94,6 +94,20 @@ def predict_runs(runs: pd.DataFrame, graphs: pd.DataFrame, samples: pd.DataFrame
     return out.assign(rel_err=(out["predicted_ms"] - out["measured_ms"]) / out["measured_ms"])
 
 
+def op_breakdown(coverage: dict) -> pd.DataFrame:
+    """Per (op, model op, fate): count, traced self time, predicted time and their ratio, largest
+    traced first: where a kernel sum parts from the run its graph was captured from."""
+    ops = pd.DataFrame(coverage["ops"])
+    if ops.empty:
+        return ops
+    ops["model_op"] = ops["model_op"].fillna("-")
+    out = (ops.groupby(["name", "model_op", "status"], as_index=False)
+           .agg(count=("id", "size"), traced_us=("measured_us", "sum"), predicted_us=("predicted_us", "sum")))
+    out["predicted_over_traced"] = out["predicted_us"] / out["traced_us"].where(out["traced_us"] > 0)
+    out["share_of_traced"] = out["traced_us"] / max(float(out["traced_us"].sum()), 1e-9)
+    return out.sort_values("traced_us", ascending=False).reset_index(drop=True)
+
+
 def table_v(pred: pd.DataFrame) -> pd.DataFrame:
     """Per predictor: geomean, min and max |relative error| (DLRM paper Table V), plus the
     active-time error of the kernel sum against the traced time of the same ops."""

@@ -1,0 +1,55 @@
+"""What `devchar run` prints when a check fails: named model, (op, dtype), error vs threshold,
+noise, load and what to do; and a Table II section even when the evaluation never ran."""
+import types
+
+from pipeline.run_report import FailedCheck, FailedStep, explain_failure
+
+
+def test_a_failed_heldout_check_is_explained():
+    text = explain_failure(
+        [FailedCheck("gemm_model", "heldout_error", True,
+                     {"over_threshold": "mm float32: median 62.0%", "overall_mean": 0.8, "max_median_allowed": 0.5})],
+        [FailedStep("opencl_models", "RuntimeError: out of memory\nTraceback ...")],
+        {"gemm_samples": (0.31, 0.12), "utility_samples": (0.02, 0.0)}, threads=2)
+    assert "blocking check gemm_model.heldout_error failed" in text
+    assert "mm float32: median 62.0%" in text and "max_median_allowed 0.5" in text
+    assert "step opencl_models failed: RuntimeError: out of memory" in text and "Traceback" not in text
+    assert "gemm_samples 31% (stalled 12%)" in text and "above DEVCHAR_MAX_NOISY_SHARE" in text
+    assert "idle machine" in text and "DEVCHAR_MAX_HELDOUT_ERR=" in text and "load average" in text
+
+
+def test_failures_are_read_from_run_events():
+    from pipeline.cli import _failures
+
+    check = types.SimpleNamespace(passed=False, metadata={"worst_median": types.SimpleNamespace(value="bmm 70%")},
+                                  asset_key=types.SimpleNamespace(to_user_string=lambda: "utility_model"),
+                                  check_name="heldout_error", blocking=True)
+    events = [
+        types.SimpleNamespace(event_type_value="ASSET_CHECK_EVALUATION", event_specific_data=check, step_key="s"),
+        types.SimpleNamespace(event_type_value="STEP_FAILURE", step_key="utility_model",
+                              event_specific_data=types.SimpleNamespace(error=types.SimpleNamespace(
+                                  message="Blocking check 'heldout_error' for asset 'utility_model' failed"))),
+        types.SimpleNamespace(event_type_value="STEP_FAILURE", step_key="memory_model",
+                              event_specific_data=types.SimpleNamespace(error=types.SimpleNamespace(message="boom"))),
+    ]
+    checks, steps = _failures(events)
+    assert [(c.asset, c.metadata["worst_median"]) for c in checks] == [("utility_model", "bmm 70%")]
+    assert [s.step for s in steps] == ["memory_model"]  # the blocking-check step is told once, as the check
+
+
+def test_table_ii_section_comes_from_the_fits_when_evaluation_did_not_run(devchar_home):
+    from pipeline.config import model_store_root
+    from pipeline.predict import store
+    from pipeline.report import _fitted_errors
+
+    class Model:
+        def to_dict(self):
+            return {}
+
+    errors = [{"op": "mm", "dtype": "float32", "n": 40, "median_rel_err": 0.62, "mean_rel_err": 0.7,
+               "max_rel_err": 2.0}]
+    store.save(model_store_root(), "cpu-test-2c", "gemm_model", Model(),
+               {"heldout_check_passed": False, "errors": errors}, "20261123T000000-abcd")
+    text = _fitted_errors("cpu-test-2c")
+    assert "gemm_model (FAILED its check)" in text and "62.0%" in text
+    assert "no model was fitted" in _fitted_errors("cpu-other-2c")

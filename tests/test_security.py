@@ -341,3 +341,10 @@ def test_runner_refuses_a_traversal_device(tmp_path):
 def test_warehouse_refuses_a_traversal_partition(devchar_home):
     with pytest.raises(Exception, match="slug"):
         DuckDBWarehouse().replace_partition("gemm_samples", "../../x", rows_for("gemm_samples", device="../../x"))
+
+
+def test_debug_shows_the_traceback(warehouse):
+    from pipeline.errors import DevcharError
+
+    with pytest.raises(DevcharError, match="syntax error"):
+        cli_main(["--debug", "sql", "SELEC 1"])

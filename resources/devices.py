@@ -21,6 +21,7 @@ import pandas as pd
 from pipeline.config import REPO_ROOT, profile_name, reference_root
 from pipeline.errors import UnknownDeviceError
 from pipeline.runner import SWEEPS, tables_of
+from pipeline.slugs import SLUG, check_slug, under
 
 
 def read_rows(path: Path) -> pd.DataFrame:
@@ -28,13 +29,18 @@ def read_rows(path: Path) -> pd.DataFrame:
 
 
 def reference_dir(device: str) -> Path:
-    return reference_root() / device
+    """models_store/reference/<device>, for a valid slug only (a partition key like '../../x'
+    or an absolute path never reaches outside the reference root)."""
+    return under(reference_root(), check_slug(device))
 
 
 def committed_references() -> list[str]:
     """Slugs with a committed calibration (a devices table at least)."""
     root = reference_root()
-    return sorted(p.name for p in root.iterdir() if reference_file(p.name, "devices")) if root.is_dir() else []
+    if not root.is_dir():
+        return []
+    return sorted(p.name for p in root.iterdir()
+                  if p.is_dir() and SLUG.fullmatch(p.name) and reference_file(p.name, "devices"))
 
 
 def reference_tables(device: str) -> set[str]:
@@ -45,7 +51,7 @@ def reference_tables(device: str) -> set[str]:
 
 def reference_file(device: str, table: str) -> Path | None:
     for suffix in (".parquet", ".jsonl"):
-        p = reference_root() / device / f"{table}{suffix}"
+        p = reference_dir(device) / f"{table}{suffix}"
         if p.is_file():
             return p
     return None

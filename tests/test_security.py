@@ -348,3 +348,18 @@ def test_debug_shows_the_traceback(warehouse):
 
     with pytest.raises(DevcharError, match="syntax error"):
         cli_main(["--debug", "sql", "SELEC 1"])
+
+
+def test_reference_calibrations_are_read_only_under_their_root(tmp_path, monkeypatch):
+    import resources.devices as devices_mod
+
+    monkeypatch.setattr(devices_mod, "reference_root", lambda: tmp_path / "reference")
+    (tmp_path / "x").mkdir()
+    rows_for("devices", "x", 1).to_parquet(tmp_path / "x" / "devices.parquet")  # outside the root
+    for device in ("../x", str(tmp_path / "x")):
+        with pytest.raises(Exception, match="slug"):
+            devices_mod.reference_file(device, "devices")
+    (tmp_path / "reference" / "cuda-y").mkdir(parents=True)
+    rows_for("devices", "cuda-y", 1).to_parquet(tmp_path / "reference" / "cuda-y" / "devices.parquet")
+    (tmp_path / "reference" / "README.md").write_text("notes\n")
+    assert devices_mod.committed_references() == ["cuda-y"]

@@ -212,7 +212,7 @@ def sweep_memory(dev: DeviceIdentity, profile_name, log=None) -> list[dict]:
         makers.append(lambda a=(op, dtype, s): _callable(*a, dev.torch_device))
         prog.step(f"{op} {dtype} {s}")
     remeasure_stalled(rows, makers, z.timing, dev.torch_device, dev.l2_bytes or 0, prog.log,
-                      profile.stall_wait_s)
+                      get_profile(name, dev.kind).stall_wait_s)
     if skipped:
         prog.log(f"[memory_samples] {skipped} points ran out of device memory: not recorded")
     return rows

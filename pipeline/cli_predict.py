@@ -4,30 +4,32 @@ from __future__ import annotations
 
 
 from pipeline.cli import _local_slug, _warehouse  # cli imports this module only inside commands
-from pipeline.errors import DevcharError
+from pipeline.errors import DevcharError, check_dims
 
 
 def predict_captured(args) -> int:
     """Any model: run it once here on the CPU, capture its execution graph, price every kernel
     with the device's models, and walk Algorithm 1 with the device's shared overhead model
     (fitted on the traced workloads; the model predicted here is never one of them)."""
-    import importlib
-
     from pipeline.dtypes import check_dtype
     from pipeline.workloads import predict_callable as pc
 
+    # what can be refused cheaply is refused before any model is loaded or anything is built
+    dtype = check_dtype(args.dtype)
+    if args.hf_config:
+        config = pc.check_hf_config(args.hf_config, args.batch, args.seq, dtype)
+    else:
+        factory = pc.load_factory(args.module)
     gemm, utility = _load_model(args.device, "gemm_model"), _load_model(args.device, "utility_model")
     overheads, extra = _optional_models(args.device)
     sync = _is_cpu(args.device)  # a GPU target: Algorithm 1's asynchronous CPU/GPU clocks
-    dtype = check_dtype(args.dtype)
     if args.hf_config:
         out = pc.predict_hf_config(args.hf_config, args.batch, args.seq, gemm, utility, overheads, dtype, extra=extra,
-                                   synchronous=sync)
+                                   synchronous=sync, config=config)
         label = f"{out['model_type']} from {args.hf_config} batch={args.batch} seq={args.seq}"
         model, inputs = out["model"], out["inputs"]
     else:
-        mod, _, attr = args.module.partition(":")
-        model, inputs = getattr(importlib.import_module(mod), attr)()
+        model, inputs = pc.call_factory(args.module, factory)
         out = pc.predict_module(model, inputs, gemm, utility, overheads, dtype, extra=extra, synchronous=sync)
         label = args.module
     cov = out["coverage"]

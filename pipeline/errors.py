@@ -48,3 +48,7 @@ class BadSlugError(DevcharError, ValueError):
 
 class ContractError(DevcharError, ValueError):
     """Rows that do not fit the table contract (pipeline/tables.py)."""
+
+
+class BadConfigError(DevcharError, ValueError):
+    """A --hf-config or --module that cannot be read, imported, built or run here."""

@@ -10,20 +10,25 @@ workload's own measured times never enter its prediction (see price.py).
 """
 from __future__ import annotations
 
+import importlib
 import json
+import os
+import reprlib
+import sys
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
-from pipeline.errors import BadShapeError, check_dims
-from pipeline.dtypes import torch_dtype
+from pipeline.errors import BadConfigError, BadShapeError, check_dims
+from pipeline.dtypes import element_bytes, torch_dtype
 from pipeline.predict.critical_path import critical_path
 from pipeline.predict.overheads import OverheadModel
 from pipeline.workloads.capture import capture
 from pipeline.workloads.price import price_graph
 
 NO_OVERHEADS = OverheadModel(individual={}, shared={})  # every T-type 0: kernels only
+GIB = float(1 << 30)
 
 
 def _call(fn_or_module, inputs):
@@ -70,57 +75,183 @@ def predict_module(fn_or_module, inputs, gemm_model, utility_model, overheads: O
             "e2e": e2e, "graph": priced, "measured_us": measured, "capture_info": info}
 
 
+def _label(config_path_or_dict) -> str:
+    return f"config {config_path_or_dict}" if isinstance(config_path_or_dict, (str, Path)) else "config"
+
+
 def load_config_dict(config_path_or_dict) -> dict:
-    """A config as a plain dict, from a dict or a config.json path; needs model_type."""
+    """A config as a plain dict, from a dict or a config.json path; needs model_type.
+    A missing or unreadable file, text that is not a JSON object, or no model_type: BadConfigError."""
+    label = _label(config_path_or_dict)
     if isinstance(config_path_or_dict, (str, Path)):
-        with open(config_path_or_dict) as f:
-            d = json.load(f)
+        try:
+            d = json.loads(Path(config_path_or_dict).read_text())
+        except OSError as exc:
+            raise BadConfigError(f"{label}: cannot read it ({exc.strerror or exc})") from exc
+        except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError
+            raise BadConfigError(f"{label}: not valid JSON ({exc})") from exc
+        if not isinstance(d, dict):
+            raise BadConfigError(f"{label}: holds a JSON {type(d).__name__}, not an object of config keys")
     elif isinstance(config_path_or_dict, dict):
         d = dict(config_path_or_dict)
     else:
         raise TypeError(f"config must be a dict or a path to config.json, got {type(config_path_or_dict).__name__}")
     if not d.get("model_type"):
-        raise ValueError(f"config has no model_type (keys: {sorted(d)[:12]}...)")
+        raise BadConfigError(f"{label} has no model_type (keys: {sorted(d)[:12]}...)")
     return d
 
 
-def build_causal_lm(config_path_or_dict, dtype: str = "float32", *, attn_implementation: str = "eager", seed: int = 0):
+def causal_lm_config(config_path_or_dict, attn_implementation: str = "eager"):
+    """The transformers config a config.json or dict describes; BadConfigError naming the file
+    when transformers does not know its model_type or refuses its keys."""
+    from transformers import AutoConfig
+
+    label = _label(config_path_or_dict)
+    d = load_config_dict(config_path_or_dict)
+    model_type = d.pop("model_type")
+    d.setdefault("use_cache", False)
+    try:
+        # A config.json may carry from_pretrained-only keys; they are harmless to for_model.
+        config = AutoConfig.for_model(model_type, **d)
+    except (ValueError, KeyError, TypeError) as exc:
+        raise BadConfigError(f"{label}: transformers cannot read model_type {model_type!r}: {_first_line(exc)}") from exc
+    config._attn_implementation = attn_implementation
+    return config
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+
+
+def _from_config(config, label: str, attn_implementation: str):
+    from transformers import AutoModelForCausalLM
+
+    try:
+        return AutoModelForCausalLM.from_config(config, attn_implementation=attn_implementation)
+    except (ValueError, KeyError, TypeError) as exc:  # not a causal LM, or values its class refuses
+        why = _first_line(exc)
+        if "Unrecognized configuration class" in why:  # the rest of the line lists every causal LM
+            why = f"AutoModelForCausalLM has no class for {type(config).__name__}"
+        raise BadConfigError(f"{label}: model_type {config.model_type!r} is not a causal LM transformers can "
+                             f"build: {why}") from exc
+
+
+def available_memory_bytes() -> int | None:
+    """Memory a new allocation can have now: MemAvailable from /proc/meminfo, else free pages."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def check_hf_config(config_path_or_dict, batch: int, seq: int, dtype: str = "float32", *,
+                    attn_implementation: str = "eager", available_bytes: int | None = None):
+    """Everything that can be refused before a causal LM is built, each as one BadConfigError or
+    BadShapeError naming the value: the file, its JSON, its model_type, a config that is not a
+    causal LM, seq beyond its positions, and memory: the parameters (counted on the meta device,
+    exactly, nothing allocated) plus the (batch, seq, vocab) logits, against the memory
+    available here. Returns the transformers config."""
+    import torch
+
+    check_dims(batch=batch, seq=seq)
+    label = _label(config_path_or_dict)
+    config = causal_lm_config(config_path_or_dict, attn_implementation)
+    limit = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
+    if limit and seq > limit:
+        raise BadShapeError(f"seq={seq} exceeds the model's {limit} positions")
+    with torch.device("meta"):
+        meta = _from_config(config, label, attn_implementation)
+    n_params = sum(p.numel() for p in meta.parameters())
+    elem = element_bytes(dtype)
+    params, logits = n_params * elem, batch * seq * int(getattr(config, "vocab_size", 0) or 0) * elem
+    avail = available_memory_bytes() if available_bytes is None else available_bytes
+    if avail is not None and params + logits > avail:
+        raise BadConfigError(f"{label}: too large for this machine: {n_params / 1e9:,.2f} B parameters need "
+                             f"{params / GIB:,.1f} GiB in {dtype}, plus {logits / GIB:,.1f} GiB of logits at "
+                             f"batch={batch} seq={seq}; {avail / GIB:,.1f} GiB of memory is available")
+    return config
+
+
+def build_causal_lm(config_path_or_dict, dtype: str = "float32", *, attn_implementation: str = "eager", seed: int = 0,
+                    config=None):
     """A randomly initialised AutoModelForCausalLM from a config; nothing is downloaded.
+    `config`: the transformers config check_hf_config returned, if already checked.
 
     Eager attention by default: its bmm/softmax/bmm are what the GEMM and utility models
     price; SDPA would run one fused op these models do not cover.
     """
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
 
-    d = load_config_dict(config_path_or_dict)
-    model_type = d.pop("model_type")
-    d.setdefault("use_cache", False)
-    # A config.json may carry from_pretrained-only keys; they are harmless to for_model.
-    config = AutoConfig.for_model(model_type, **d)
-    config._attn_implementation = attn_implementation
+    if config is None:
+        config = causal_lm_config(config_path_or_dict, attn_implementation)
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config, attn_implementation=attn_implementation)
+    model = _from_config(config, _label(config_path_or_dict), attn_implementation)
     return model.eval().to(dtype=torch_dtype(dtype))
 
 
 def predict_hf_config(config_path_or_dict, batch: int, seq: int, gemm_model, utility_model,
                       overheads: OverheadModel | None, dtype: str = "float32", *, seed: int = 0,
-                      attn_implementation: str = "eager", **kwargs) -> dict[str, Any]:
+                      attn_implementation: str = "eager", config=None, **kwargs) -> dict[str, Any]:
     """predict_module on a transformers causal LM built from its config, fed random token ids
-    of shape (batch, seq). Extra keywords go to predict_module."""
+    of shape (batch, seq), after check_hf_config (a bad or too large config is refused before
+    anything is built; `config`: what check_hf_config already returned for these arguments).
+    Extra keywords go to predict_module."""
     import torch
 
-    check_dims(batch=batch, seq=seq)
-    model = build_causal_lm(config_path_or_dict, dtype, attn_implementation=attn_implementation, seed=seed)
-    limit = getattr(model.config, "max_position_embeddings", None) or getattr(model.config, "n_positions", None)
-    if limit and seq > limit:
-        raise BadShapeError(f"seq={seq} exceeds the model's {limit} positions")
+    if config is None:
+        config = check_hf_config(config_path_or_dict, batch, seq, dtype, attn_implementation=attn_implementation)
+    model = build_causal_lm(config_path_or_dict, dtype, attn_implementation=attn_implementation, seed=seed,
+                            config=config)
     ids = torch.randint(0, model.config.vocab_size, (batch, seq), generator=torch.Generator().manual_seed(seed))
     inputs = {"input_ids": ids, "use_cache": False}
     out = predict_module(model, inputs, gemm_model, utility_model, overheads, dtype, **kwargs)
     out.update(model_type=model.config.model_type, model=model, inputs=inputs)
     return out
+
+
+def load_factory(spec: str):
+    """`pkg.module:factory` -> the factory, imported from the current directory or sys.path;
+    BadConfigError naming the spec when it is malformed, does not import, or names no callable."""
+    mod, colon, attr = spec.partition(":")
+    if not colon or not mod or not attr.isidentifier():
+        raise BadConfigError(f"--module {spec!r}: expected pkg.module:factory")
+    cwd = os.getcwd()
+    added = cwd not in sys.path
+    if added:  # as `python -m` would: a module beside the user is importable
+        sys.path.insert(0, cwd)
+    try:
+        module = importlib.import_module(mod)
+    except Exception as exc:  # the user's module: ImportError, SyntaxError, or whatever its import raised
+        raise BadConfigError(f"--module {spec!r}: cannot import {mod!r}: {type(exc).__name__}: "
+                             f"{_first_line(exc)}") from exc
+    finally:
+        if added:
+            sys.path.remove(cwd)
+    factory = getattr(module, attr, None)
+    if not callable(factory):
+        raise BadConfigError(f"--module {spec!r}: {mod} has no callable {attr!r}")
+    return factory
+
+
+def call_factory(spec: str, factory) -> tuple:
+    """(module_or_callable, inputs) from the factory, or BadConfigError saying what it returned."""
+    got = factory()
+    pair = isinstance(got, (tuple, list)) and len(got) == 2
+    if pair and callable(got[0]):
+        return got[0], got[1]
+    if pair:
+        what = f"a pair whose first item, a {type(got[0]).__name__}, is not callable"
+    elif isinstance(got, (tuple, list)):
+        what = f"a {type(got).__name__} of {len(got)} items"
+    else:
+        what = f"{type(got).__name__} {reprlib.repr(got)}"
+    raise BadConfigError(f"--module {spec!r}: the factory returned {what}; expected (module_or_callable, inputs)")
 
 
 def measure_call(fn_or_module, inputs, warmup: int = 5, reps: int = 25):

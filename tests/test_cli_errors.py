@@ -1,0 +1,158 @@
+"""Issue 11, clear errors, concurrency and exposure: one test per finding, each failing on the code
+before the fix (a traceback, a silent prediction, a wrong verdict or a raw lock error).
+
+Quick: no sweeps. Models are fitted on a few made-up rows; the one Dagster job is a single op.
+Names added by the fix are imported inside the tests, so this file still runs (and fails)
+against the code before it.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from pipeline.cli import main as cli_main
+from pipeline.config import REPO_ROOT
+from resources.warehouse import DuckDBWarehouse
+
+DEVICE = "cpu-test"
+TINY = ["--layers", "1", "--hidden", "64", "--heads", "2", "--vocab", "100"]
+
+
+def one_line_error(capsys, *needles: str) -> str:
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("devchar: error: ") and "\n" not in err, err
+    for needle in needles:
+        assert needle in err, err
+    return err
+
+
+@pytest.fixture
+def device_models(devchar_home):
+    """gemm_model and utility_model for DEVICE: GEMMs measured up to 64 waves and K = 512 (tile
+    8 x 8, 2 slots), enough for a 1-layer, 64-wide GPT-2 at batch 1 and seq 8."""
+    from pipeline.config import model_store_root
+    from pipeline.predict import store
+    from pipeline.predict.gemm import GemmModel
+    from pipeline.predict.utility import UtilityModel
+
+    gemm = pd.DataFrame([dict(op=op, dtype="float32", kernel="cpu", tile_m=8, tile_n=8, slots=2, batch=1, m=m, n=n,
+                              k=k, waves=w, median_us=(1 + k / 32) * w, held_out=False)
+                         for op in ("mm", "bmm", "linear") for w, (m, n) in ((1, (8, 16)), (4, (16, 32)),
+                                                                            (64, (128, 64)))
+                         for k in (32, 64, 512)])
+    util = pd.DataFrame([dict(op=op, dtype="float32", rows=r, cols=c, median_us=1.0 + r * c / 1e3, held_out=False)
+                         for op in ("add", "mul", "softmax", "layernorm", "embedding", "copy", "gelu")
+                         for r in (1, 64, 512) for c in (64, 256)])
+    for name, model in (("gemm_model", GemmModel.fit(gemm)), ("utility_model", UtilityModel.fit(util))):
+        store.save(model_store_root(), DEVICE, name, model, {}, "20260101T000000-x")
+    return DEVICE
+
+
+# -- predict --hf-config: missing, not JSON, not a causal LM, too large ---------------------------
+
+def hf_predict(path, *more: str) -> int:
+    return cli_main(["predict", "--device", DEVICE, "--hf-config", str(path), "--batch", "1", "--seq", "8", *more])
+
+
+def test_hf_config_missing_file(device_models, tmp_path, capsys):
+    missing = tmp_path / "nowhere" / "config.json"
+    assert hf_predict(missing) == 2
+    one_line_error(capsys, str(missing), "cannot read")
+
+
+@pytest.mark.parametrize("text, why", [("{not json", "not valid JSON"), ("[1, 2]", "not an object"),
+                                       ('{"n_layer": 1}', "no model_type")])
+def test_hf_config_that_is_not_a_config(device_models, tmp_path, capsys, text, why):
+    cfg = tmp_path / "config.json"
+    cfg.write_text(text)
+    assert hf_predict(cfg) == 2
+    one_line_error(capsys, str(cfg), why)
+
+
+@pytest.mark.parametrize("config, why", [({"model_type": "no-such-model"}, "no-such-model"),
+                                         ({"model_type": "vit"}, "not a causal LM")])
+def test_hf_config_that_is_not_a_causal_lm(device_models, tmp_path, capsys, config, why):
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps(config))
+    assert hf_predict(cfg) == 2
+    one_line_error(capsys, str(cfg), why)
+
+
+def test_hf_config_too_large_is_refused_with_the_figure_before_anything_is_built(device_models, tmp_path, capsys):
+    # 8 layers of width 262,144: about 6.6 T parameters, 24 TiB in float32 (never allocated)
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps({"model_type": "gpt2", "n_layer": 8, "n_embd": 262144, "n_head": 64,
+                               "n_positions": 64}))  # GPT-2's vocabulary: its bos/eos ids are inside it
+    start = time.monotonic()
+    assert hf_predict(cfg) == 2
+    err = one_line_error(capsys, str(cfg), "too large", "B parameters", "GiB", "available")
+    assert time.monotonic() - start < 60
+    e = 262144  # per layer 12 e^2 + 13 e; embeddings (50257 + 64) e (the LM head is tied); ln_f 2 e
+    n_params = 8 * (12 * e * e + 13 * e) + (50257 + 64) * e + 2 * e
+    assert f"{n_params / 1e9:,.2f} B parameters need {n_params * 4 / 2**30:,.1f} GiB in float32" in err, err
+
+
+def test_hf_config_memory_is_parameters_and_logits_against_what_is_available(tmp_path):
+    from pipeline.errors import BadConfigError
+    from pipeline.workloads.predict_callable import check_hf_config
+
+    cfg = {"model_type": "gpt2", "n_layer": 1, "n_embd": 32, "n_head": 2, "vocab_size": 100, "n_positions": 64}
+    assert check_hf_config(cfg, 2, 8, available_bytes=1 << 30).model_type == "gpt2"
+    with pytest.raises(BadConfigError, match="too large"):
+        check_hf_config(cfg, 2, 8, available_bytes=1000)  # the ~15k parameters alone need 60 kB
+    with pytest.raises(BadConfigError, match="logits at batch=1000000 seq=8"):
+        check_hf_config(cfg, 1_000_000, 8, available_bytes=1 << 30)  # 3.2 GB of logits
+
+
+# -- predict --module: cannot import, wrong return ------------------------------------------------
+
+@pytest.fixture
+def user_module(tmp_path, monkeypatch):
+    """A module `devchar_user_factories` in the current directory, as a user would write one."""
+    (tmp_path / "devchar_user_factories.py").write_text(textwrap.dedent("""
+        import torch
+
+        def good():
+            return torch.nn.Linear(8, 8), torch.randn(2, 8)
+
+        def number():
+            return 42
+
+        def triple():
+            return torch.nn.Linear(8, 8), 1, 2
+
+        def not_callable():
+            return "model", torch.randn(2, 8)
+    """))
+    monkeypatch.chdir(tmp_path)
+    yield "devchar_user_factories"
+    sys.modules.pop("devchar_user_factories", None)
+
+
+@pytest.mark.parametrize("spec, why", [("no_such_pkg_devchar.models:factory", "cannot import 'no_such_pkg_devchar"),
+                                       ("justamodule", "expected pkg.module:factory"),
+                                       ("json:no_such_factory", "no callable 'no_such_factory'")])
+def test_module_that_cannot_be_imported(device_models, capsys, spec, why):
+    assert cli_main(["predict", "--device", DEVICE, "--module", spec]) == 2
+    one_line_error(capsys, spec, why)
+
+
+@pytest.mark.parametrize("factory, why", [("number", "returned int 42"), ("triple", "a tuple of 3 items"),
+                                          ("not_callable", "first item, a str, is not callable")])
+def test_module_factory_returning_the_wrong_thing(device_models, user_module, capsys, factory, why):
+    spec = f"{user_module}:{factory}"
+    assert cli_main(["predict", "--device", DEVICE, "--module", spec]) == 2
+    one_line_error(capsys, spec, why, "expected (module_or_callable, inputs)")
+
+
+def test_module_in_the_current_directory_is_predicted(device_models, user_module, capsys):
+    assert cli_main(["predict", "--device", DEVICE, "--module", f"{user_module}:good"]) == 0
+    assert f"{user_module}:good on {DEVICE}: predicted" in capsys.readouterr().out

@@ -143,7 +143,7 @@ def cmd_predict(args) -> int:
 
         return predict_captured(args)
     from pipeline.predict import store
-    from pipeline.predict.workload import predict_ops
+    from pipeline.predict.workload import extrapolation, extrapolation_warnings, predict_ops
     from pipeline.workloads.gpt2 import GPT2Spec, gpt2_ops
     from pipeline.config import model_store_root
     from pipeline.dtypes import check_dtype
@@ -152,9 +152,12 @@ def cmd_predict(args) -> int:
     ops = gpt2_ops(spec, args.batch, args.seq, bias_copy=args.device.startswith("cpu"))  # validates first
     gemm = store.load(model_store_root(), args.device, "gemm_model")
     utility = store.load(model_store_root(), args.device, "utility_model")
-    total, by_type = predict_ops(ops, check_dtype(args.dtype), gemm, utility)
+    dtype = check_dtype(args.dtype)
+    total, by_type = predict_ops(ops, dtype, gemm, utility)
     parts = ", ".join(f"{k} {v / 1e3:.2f}" for k, v in sorted(by_type.items()))
     print(f"{spec.name} batch={args.batch} seq={args.seq} on {args.device}: predicted {total / 1e3:.2f} ms ({parts})")
+    for line in extrapolation_warnings(extrapolation(ops, dtype, gemm)):
+        print(f"devchar: warning: {line}", file=sys.stderr)
     return 0
 
 

@@ -156,3 +156,41 @@ def test_module_factory_returning_the_wrong_thing(device_models, user_module, ca
 def test_module_in_the_current_directory_is_predicted(device_models, user_module, capsys):
     assert cli_main(["predict", "--device", DEVICE, "--module", f"{user_module}:good"]) == 0
     assert f"{user_module}:good on {DEVICE}: predicted" in capsys.readouterr().out
+
+
+# -- predict --batch 1000000000: extrapolation is said, and how far --------------------------------
+
+def test_gemm_model_reports_its_calibrated_range_and_how_far_shapes_reach(synthetic_gemm_model):
+    # measured: waves 1, 4, 16 and K 32..256, tile 8 x 8 on 2 slots
+    assert synthetic_gemm_model.calibrated_range("mm", "float32") == {"cpu": (16.0, 256.0)}
+    inside = synthetic_gemm_model.beyond_range("mm", "float32", [8, 32], [16, 64], [32, 256], 1)
+    assert max(inside) <= 1
+    # 128 x 192 is 16 x 24 tiles = 384 blocks = 192 waves on 2 slots: 12x; K 1024 is 4x
+    assert synthetic_gemm_model.beyond_range("mm", "float32", [8, 128], [16, 192], [32, 1024], 1) == (12.0, 4.0)
+
+
+def test_predict_far_beyond_the_calibration_warns_once_per_op_kind(device_models, capsys):
+    assert cli_main(["predict", "--device", DEVICE, *TINY, "--batch", "1000000000", "--seq", "8"]) == 0
+    captured = capsys.readouterr()
+    assert "predicted" in captured.out
+    warnings = [line for line in captured.err.splitlines() if line.startswith("devchar: warning: ")]
+    kinds = [line.split()[2].rstrip(":") for line in warnings]
+    assert sorted(kinds) == ["bmm", "linear", "mm"], captured.err  # one line each
+    mm = next(line for line in warnings if " mm:" in line)
+    # c_fc: m = 8e9 rows (1e9 tiles of 8) x 256 columns (32 tiles) = 3.2e10 blocks on 2 slots
+    # = 1.6e10 waves, against 64 measured; its K (256 at most) is inside the 512 measured
+    assert "250,000,000x beyond the largest measured waves" in mm and " K" not in mm, mm
+
+
+def test_predict_inside_the_calibration_does_not_warn(device_models, capsys):
+    assert cli_main(["predict", "--device", DEVICE, *TINY, "--batch", "1", "--seq", "8"]) == 0
+    assert "devchar: warning" not in capsys.readouterr().err
+
+
+def test_extrapolation_warning_says_how_far():
+    from pipeline.predict.workload import extrapolation_warnings
+
+    (line,) = extrapolation_warnings({"mm": (12.0, 0.5)})
+    assert line.startswith("mm: extrapolated, 12x beyond the largest measured waves") and " K" not in line
+    (line,) = extrapolation_warnings({"bmm": (1.0, 2.5)})
+    assert "2.5x beyond the largest measured K" in line and "waves" not in line

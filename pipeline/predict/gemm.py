@@ -176,12 +176,35 @@ class GemmModel:
     def _predict_chunk(self, op, dtype, tables, arrs) -> np.ndarray:
         if len(tables) == 1:
             return tables[0].predict_us(*arrs)
-        which = self.selector.predict_index(op, dtype, *arrs)
         out = np.empty(arrs[0].size)
-        for i in np.unique(which):
-            sel = which == i
-            out[sel] = tables[i].predict_us(*(a[sel] for a in arrs))
+        for table, sel in self._by_kernel(op, dtype, tables, arrs):
+            out[sel] = table.predict_us(*(a[sel] for a in arrs))
         return out
+
+    def _by_kernel(self, op, dtype, tables, arrs):
+        """(table, mask of the shapes whose kernel it is) for each kernel the selector picks."""
+        which = self.selector.predict_index(op, dtype, *arrs)
+        for i in np.unique(which):
+            yield tables[i], which == i
+
+    def calibrated_range(self, op: str, dtype: str) -> dict[str, tuple[float, float]]:
+        """kernel -> (largest whole-wave count, largest K) its sweep measured for (op, dtype).
+        Beyond either edge a prediction is an extrapolation: the edge's throughput is held."""
+        return {name: (float(t.waves[-1]), float(t.ks[-1]))
+                for name in self.kernels(op, dtype) for t in [self.table(op, dtype, name)]}
+
+    def beyond_range(self, op: str, dtype: str, m, n, k, batch=1) -> tuple[float, float]:
+        """How far the shapes reach past the calibration: (most waves / the largest measured waves,
+        largest K / the largest measured K), each against the table of the kernel the selector
+        picks for the shape; both <= 1 when every shape lies inside what was measured."""
+        m, n, k, batch = (a.ravel() for a in check_positive_arrays(m=m, n=n, k=k, batch=batch))
+        edges = self.calibrated_range(op, dtype)
+        w_ratio = k_ratio = 0.0
+        for t, sel in self._by_kernel(op, dtype, [self.table(op, dtype, name) for name in edges], (m, n, k, batch)):
+            w = count_waves(m[sel], n[sel], batch[sel], t.tile_m, t.tile_n, t.slots, t.split_k)
+            w_ratio = max(w_ratio, float(w.max()) / edges[t.kernel][0])
+            k_ratio = max(k_ratio, float(k[sel].max()) / edges[t.kernel][1])
+        return w_ratio, k_ratio
 
     def to_dict(self) -> dict:
         return {"kind": "gemm_model", "tables": [t.to_dict() for t in self.tables.values()],

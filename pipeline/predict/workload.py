@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+import numpy as np
+
 from pipeline.predict.gemm import GemmModel
 from pipeline.predict.utility import UtilityModel
 from pipeline.workloads.ops import GemmOp, Op, UtilityOp
@@ -24,3 +26,31 @@ def predict_ops(ops: list[Op], dtype: str, gemm: GemmModel, utility: UtilityMode
     for op in ops:
         by_type[LAYER_TYPE.get(op.op, "Vector")] += predict_op_us(op, dtype, gemm, utility)
     return sum(by_type.values()), dict(by_type)
+
+
+def extrapolation(ops: list[Op], dtype: str, gemm: GemmModel) -> dict[str, tuple[float, float]]:
+    """GEMM op kind (mm, bmm, linear) -> (waves, K) reach as GemmModel.beyond_range reports it,
+    for the kinds whose shapes go past the calibrated range (either ratio above 1)."""
+    shapes: dict[str, list] = defaultdict(list)
+    for op in ops:
+        if isinstance(op, GemmOp):
+            shapes[op.op].append((op.m, op.n, op.k, op.batch))
+    out = {}
+    for kind, rows in shapes.items():
+        reach = gemm.beyond_range(kind, dtype, *np.array(rows, dtype=np.int64).T)
+        if max(reach) > 1:
+            out[kind] = reach
+    return out
+
+
+def extrapolation_warnings(reach: dict[str, tuple[float, float]]) -> list[str]:
+    """One line per op kind: how far past the largest measured waves and K its shapes go."""
+    def times(r: float) -> str:
+        return f"{r:.1f}x" if r < 10 else f"{r:,.0f}x"
+
+    lines = []
+    for kind, (w, k) in sorted(reach.items()):
+        past = [f"{times(r)} beyond the largest measured {what}" for r, what in ((w, "waves"), (k, "K")) if r > 1]
+        lines.append(f"{kind}: extrapolated, {' and '.join(past)} (the throughput measured at the edge "
+                     "is held there: a guess, not a measurement)")
+    return lines

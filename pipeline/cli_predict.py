@@ -84,6 +84,8 @@ def cmd_what_if(args) -> int:
     from pipeline.workloads import graph_predict as gp
     from pipeline.workloads.what_if import fuse_embedding_bags, with_batch
 
+    if args.new_batch is not None:  # 0 or a negative batch is an error, not "not given"
+        check_dims(new_batch=args.new_batch)
     device = _local_slug(args.device)
     wh = _warehouse()
     graphs = wh.device_rows("workload_graphs", device)
@@ -112,7 +114,7 @@ def cmd_what_if(args) -> int:
 
     show(f"{args.config} batch={args.batch} as captured", graph, shapes, scalars, args.breakdown)
     label = f"{args.config}"
-    if args.new_batch:
+    if args.new_batch is not None:
         # the second point: another captured batch, not the target itself (so a target that was
         # captured checks the transform rather than reading the answer back)
         others = [b for b in by_batch if b not in (args.batch, args.new_batch)] or \
@@ -132,7 +134,7 @@ def cmd_what_if(args) -> int:
         g2, s2, c2 = gp.load_graph(by_batch[args.new_batch]["graph_json"])
         show(f"  check: the graph captured at batch={args.new_batch}", g2, s2, c2)
     if args.measure:
-        m = _measure_what_if(args.config, args.new_batch or args.batch, args.fuse_embeddings)
+        m = _measure_what_if(args.config, args.batch if args.new_batch is None else args.new_batch, args.fuse_embeddings)
         best = got.get("e2e_shared", got["kernel_only"])
         print(f"measured here: {m.median_us / 1e3:.2f} ms (e2e_shared error {(best - m.median_us) / m.median_us:+.1%})")
     return 0

@@ -194,3 +194,12 @@ def test_extrapolation_warning_says_how_far():
     assert line.startswith("mm: extrapolated, 12x beyond the largest measured waves") and " K" not in line
     (line,) = extrapolation_warnings({"bmm": (1.0, 2.5)})
     assert "2.5x beyond the largest measured K" in line and "waves" not in line
+
+
+# -- what-if --new-batch 0 -------------------------------------------------------------------------
+
+@pytest.mark.parametrize("new_batch", ["0", "-3"])
+def test_what_if_new_batch_must_be_positive(devchar_home, capsys, new_batch):
+    assert cli_main(["what-if", "--device", DEVICE, "--config", "dlrm_default-cpu", "--batch", "4",
+                     "--new-batch", new_batch]) == 2
+    one_line_error(capsys, f"new_batch={new_batch}", "positive")

@@ -63,6 +63,18 @@ def cmd_run(args) -> int:
     if selection is not None:
         _load_reference_only_tables(slug)
     print(summary(slug))
+    return _report_run(result, slug)
+
+
+def _report_run(result, slug: str) -> int:
+    """cmd_run's verdict on a finished run: 0, 130 for an interrupted one (told as such, not as
+    the steps the interrupt stopped), 1 for a failure, explained (pipeline/run_report.py)."""
+    interrupted = _interrupted(result.all_events)
+    if interrupted is not None:
+        where = f" in {interrupted}" if interrupted else ""
+        print(f"devchar: run {result.run_id} interrupted{where}; each table and model is written whole or not "
+              "at all, so what finished before it is kept: run `devchar run` again to finish", file=sys.stderr)
+        return 130
     checks, steps = _failures(result.all_events)
     if not result.success or any(c.blocking for c in checks):
         from pipeline.run_report import explain_failure, noisy_shares
@@ -72,6 +84,28 @@ def cmd_run(args) -> int:
         print(explain_failure(checks, steps, noisy_shares(_warehouse(), slug), _threads(slug)), file=sys.stderr)
         return 1
     return 0
+
+
+INTERRUPTS = ("KeyboardInterrupt", "DagsterExecutionInterruptedError")
+
+
+def _interrupted(events) -> list[str] | None:
+    """The steps an interrupt (Ctrl-C, a termination) stopped, [] when only the run says it was
+    interrupted or canceled, None when it was not: Dagster records an interrupted step as a
+    STEP_FAILURE whose error source is INTERRUPT, the run as RUN_CANCELED or a RUN_FAILURE
+    'interrupted unexpectedly'."""
+    steps, run = [], False
+    for e in events:
+        data = e.event_specific_data
+        if e.event_type_value == "STEP_FAILURE":
+            source = getattr(getattr(data, "error_source", None), "value", None)
+            if source == "INTERRUPT" or getattr(getattr(data, "error", None), "cls_name", None) in INTERRUPTS:
+                steps.append(e.step_key)
+        elif e.event_type_value == "RUN_CANCELED":
+            run = True
+        elif e.event_type_value == "RUN_FAILURE":
+            run = run or "interrupted" in (getattr(e, "message", None) or "").lower()
+    return steps if steps or run else None
 
 
 def _failures(events) -> tuple[list, list]:
@@ -342,6 +376,11 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"devchar: error: {' '.join(str(exc).split())}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        if args.debug:
+            raise
+        print(f"devchar: {args.cmd} interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -203,3 +203,55 @@ def test_what_if_new_batch_must_be_positive(devchar_home, capsys, new_batch):
     assert cli_main(["what-if", "--device", DEVICE, "--config", "dlrm_default-cpu", "--batch", "4",
                      "--new-batch", new_batch]) == 2
     one_line_error(capsys, f"new_batch={new_batch}", "positive")
+
+
+# -- an interrupted run says "interrupted" ---------------------------------------------------------
+
+def devchar_lines(capsys) -> list[str]:
+    return [line for line in capsys.readouterr().err.splitlines() if line.startswith("devchar:")]
+
+
+def run_one_op(raises: BaseException):
+    import dagster as dg
+
+    @dg.op(name="gemm_config_sweep")
+    def step():
+        raise raises
+
+    @dg.job
+    def job():
+        step()
+
+    return job.execute_in_process(raise_on_error=False)
+
+
+def test_interrupted_run_is_reported_as_interrupted(devchar_home, capsys):
+    from pipeline.cli import _report_run
+
+    assert _report_run(run_one_op(KeyboardInterrupt()), "cpu-x") == 130
+    said = devchar_lines(capsys)  # Dagster's own log lines go to stderr too
+    assert len(said) == 1 and "interrupted in ['gemm_config_sweep']" in said[0] and "failed" not in said[0], said
+
+
+def test_a_real_failure_is_still_explained(devchar_home, capsys):
+    from pipeline.cli import _report_run
+
+    assert _report_run(run_one_op(ValueError("disk full")), "cpu-x") == 1
+    err = capsys.readouterr().err
+    said = "\n".join(line for line in err.splitlines() if line.startswith(("devchar:", "  step ", "  what to do")))
+    assert "failed at ['gemm_config_sweep']" in said and "step gemm_config_sweep failed" in said, said
+    assert "what to do" in said and "interrupted" not in said, said
+
+
+def test_ctrl_c_outside_a_run_is_one_line(devchar_home, capsys, monkeypatch):
+    import pipeline.cli as cli
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "cmd_sql", interrupted)
+    try:
+        assert cli_main(["sql", "select 1"]) == 130
+    except KeyboardInterrupt:  # escaping, it would stop pytest itself
+        pytest.fail("KeyboardInterrupt escaped devchar's main (a traceback for the user)")
+    assert capsys.readouterr().err.strip() == "devchar: sql interrupted"

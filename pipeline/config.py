@@ -41,3 +41,8 @@ def reference_root() -> Path:
 
 def profile_name() -> str:
     return os.environ.get("DEVCHAR_PROFILE", "quick")
+
+
+def lock_wait_seconds() -> float:
+    """How long a warehouse connection waits for another process's lock (DEVCHAR_LOCK_WAIT_S, default 60)."""
+    return float(os.environ.get("DEVCHAR_LOCK_WAIT_S", "60"))

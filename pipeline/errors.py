@@ -52,3 +52,7 @@ class ContractError(DevcharError, ValueError):
 
 class BadConfigError(DevcharError, ValueError):
     """A --hf-config or --module that cannot be read, imported, built or run here."""
+
+
+class WarehouseLockedError(DevcharError):
+    """Another process holds DuckDB's write lock on the warehouse file."""

@@ -1,16 +1,18 @@
 """DuckDB warehouse: one embedded file; a device partition's rows are replaced in one transaction."""
 from __future__ import annotations
 
+import re
 import time
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Optional
 
 import dagster as dg
 import duckdb
 import pandas as pd
 
-from pipeline.config import duckdb_path
-from pipeline.errors import DevcharError
+from pipeline.config import duckdb_path, lock_wait_seconds
+from pipeline.errors import DevcharError, WarehouseLockedError
 from pipeline.slugs import check_slug
 from pipeline.tables import SQL_TYPES, check_columns, contract
 
@@ -49,31 +51,52 @@ def _typed_select(table: str, columns) -> str:
     return ", ".join(f"CAST({quote(c)} AS {types[c]}) AS {quote(c)}" if c in types else quote(c) for c in columns)
 
 
+HOLDER = re.compile(r"Conflicting lock is held in (.*?) \(PID (\d+)\)")
+
+
+def locked_message(path: Path, duckdb_message: str, waited_s: float) -> str:
+    """One line for a lock wait given up: who holds the file when DuckDB says, and what to do."""
+    got = HOLDER.search(duckdb_message)
+    holder = f"{got.group(1)} (PID {got.group(2)})" if got else "another process (DuckDB did not say which)"
+    return (f"{path} is locked by {holder}; waited {waited_s:g} s (DEVCHAR_LOCK_WAIT_S). DuckDB allows one writer "
+            "per file and a read-write client shuts every other process out: close that client, or open the file "
+            "read-only (duckdb -readonly)")
+
+
 class DuckDBWarehouse(dg.ConfigurableResource):
     """Tables named in ARCHITECTURE.md; every row carries `device` and `run_id`."""
 
     path: str = ""  # empty: $DEVCHAR_HOME/devchar.duckdb
+    # how long to wait for another process's write lock before giving up; None: DEVCHAR_LOCK_WAIT_S, else 60 s
+    lock_wait_s: Optional[float] = None
 
     def db_path(self) -> Path:
         return Path(self.path) if self.path else duckdb_path()
 
     @contextmanager
     def connect(self, read_only: bool = False, config: dict | None = None):
-        """Opens the file, retrying while another process holds the write lock (DuckDB allows one writer).
+        """Opens the file, waiting (with back-off, up to lock_wait_s) while another process holds
+        it: DuckDB allows one writer per file, and a process that has it open read-write shuts
+        every other process out. Giving up raises WarehouseLockedError naming the holder.
         Read-only never creates anything: no file, no directory."""
         path = self.db_path()
         if read_only and not path.is_file():
             raise DevcharError(f"no warehouse at {path}; run `devchar run` or `devchar load` first")
         if not read_only:
             path.parent.mkdir(parents=True, exist_ok=True)
-        for attempt in range(40):
+        wait_s = lock_wait_seconds() if self.lock_wait_s is None else self.lock_wait_s
+        deadline, pause = time.monotonic() + wait_s, 0.05
+        while True:
             try:
                 con = duckdb.connect(str(path), read_only=read_only, config=config or {})
                 break
             except duckdb.IOException as exc:
-                if "lock" not in str(exc).lower() or attempt == 39:
+                if "lock" not in str(exc).lower():
                     raise
-                time.sleep(0.25)
+                if time.monotonic() >= deadline:
+                    raise WarehouseLockedError(locked_message(path, str(exc), wait_s)) from exc
+                time.sleep(min(pause, max(deadline - time.monotonic(), 0.0)))
+                pause = min(pause * 2, 2.0)
         try:
             yield con
         finally:

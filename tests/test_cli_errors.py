@@ -255,3 +255,70 @@ def test_ctrl_c_outside_a_run_is_one_line(devchar_home, capsys, monkeypatch):
     except KeyboardInterrupt:  # escaping, it would stop pytest itself
         pytest.fail("KeyboardInterrupt escaped devchar's main (a traceback for the user)")
     assert capsys.readouterr().err.strip() == "devchar: sql interrupted"
+
+
+# -- a DuckDB client left open ---------------------------------------------------------------------
+
+def devices_row(device: str) -> pd.DataFrame:
+    return pd.DataFrame({"kind": ["cpu"], "name": ["x"], "bandwidth_gbps": [1.0], "device": [device],
+                         "run_id": ["r1"]})
+
+
+def hold_write_lock(path: Path, seconds: float) -> subprocess.Popen:
+    """Another process with the warehouse open read-write for `seconds`, as a DuckDB shell left open."""
+    code = ("import duckdb, sys, time; con = duckdb.connect(sys.argv[1]); print('ready', flush=True); "
+            "time.sleep(float(sys.argv[2])); con.close()")
+    proc = subprocess.Popen([sys.executable, "-c", code, str(path), str(seconds)], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "ready"
+    return proc
+
+
+def test_a_held_lock_gives_one_error_naming_the_holder(devchar_home, monkeypatch, capsys):
+    DuckDBWarehouse().replace_partition("devices", "cpu-a", devices_row("cpu-a"))
+    holder = hold_write_lock(DuckDBWarehouse().db_path(), 60)
+    try:
+        with pytest.raises(Exception, match=f"PID {holder.pid}") as exc:
+            DuckDBWarehouse(lock_wait_s=0.5).replace_partition("devices", "cpu-b", devices_row("cpu-b"))
+        assert "DEVCHAR_LOCK_WAIT_S" in str(exc.value) and "read-only" in str(exc.value)
+        monkeypatch.setenv("DEVCHAR_LOCK_WAIT_S", "0.5")  # the CLI's warehouse: waits as configured, one line
+        start = time.monotonic()
+        assert cli_main(["sql", "select count(*) from devices"]) == 2
+        assert 0.5 <= time.monotonic() - start < 10
+        one_line_error(capsys, f"(PID {holder.pid})", "locked by", "waited 0.5 s")
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_a_writer_released_during_the_wait_lets_the_write_land(devchar_home):
+    DuckDBWarehouse().replace_partition("devices", "cpu-a", devices_row("cpu-a"))
+    holder = hold_write_lock(DuckDBWarehouse().db_path(), 1.5)
+    start = time.monotonic()
+    try:
+        DuckDBWarehouse(lock_wait_s=30).replace_partition("devices", "cpu-b", devices_row("cpu-b"))
+    finally:
+        holder.wait()
+    assert time.monotonic() - start >= 1.0  # it did wait for the holder
+    assert sorted(DuckDBWarehouse().query("SELECT device FROM devices")["device"]) == ["cpu-a", "cpu-b"]
+
+
+def test_two_processes_writing_different_devices_both_land(devchar_home):
+    code = textwrap.dedent("""
+        import sys
+        import pandas as pd
+        from resources.warehouse import DuckDBWarehouse
+
+        device = sys.argv[1]
+        for i in range(15):
+            rows = pd.DataFrame({"kind": ["cpu"] * 3, "name": [f"x{i}"] * 3, "bandwidth_gbps": [1.0] * 3,
+                                 "device": [device] * 3, "run_id": [f"r{i}"] * 3})
+            DuckDBWarehouse().replace_partition("devices", device, rows)
+    """)
+    env = {**os.environ, "DEVCHAR_LOCK_WAIT_S": "60"}
+    procs = [subprocess.Popen([sys.executable, "-c", code, d], cwd=REPO_ROOT, env=env, stderr=subprocess.PIPE,
+                              text=True) for d in ("cpu-a", "cpu-b")]
+    for p in procs:
+        _, err = p.communicate(timeout=120)
+        assert p.returncode == 0, err
+    got = DuckDBWarehouse().query("SELECT device, run_id, count(*) AS n FROM devices GROUP BY ALL ORDER BY ALL")
+    assert got.values.tolist() == [["cpu-a", "r14", 3], ["cpu-b", "r14", 3]]

@@ -205,8 +205,23 @@ def cmd_sql(args) -> int:
     return 0
 
 
+def _is_loopback(host: str) -> bool:
+    import ipaddress
+
+    if host.lower() in ("localhost", "localhost.localdomain"):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:  # a host name: it may resolve to any interface
+        return False
+
+
 def cmd_ui(args) -> int:
     _prepare_home()
+    if not _is_loopback(args.host):
+        print(f"devchar: warning: --host {args.host} serves the Dagster UI and its GraphQL API, which has no "
+              "authentication, to the network: anyone who reaches the port can launch runs and wipe partitions. "
+              "Serve it on 127.0.0.1, or behind a proxy that authenticates.", file=sys.stderr)
     print(f"Dagster UI on http://{args.host}:{args.port}  (MLflow: mlflow ui --backend-store-uri {mlflow_uri()})")
     return subprocess.call([sys.executable, "-m", "dagster", "dev", "-w", str(REPO_ROOT / "workspace.yaml"),
                             "-h", args.host, "-p", str(args.port)], cwd=REPO_ROOT)

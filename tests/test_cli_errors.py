@@ -322,3 +322,18 @@ def test_two_processes_writing_different_devices_both_land(devchar_home):
         assert p.returncode == 0, err
     got = DuckDBWarehouse().query("SELECT device, run_id, count(*) AS n FROM devices GROUP BY ALL ORDER BY ALL")
     assert got.values.tolist() == [["cpu-a", "r14", 3], ["cpu-b", "r14", 3]]
+
+
+# -- devchar ui --host 0.0.0.0 ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("host, warns", [("0.0.0.0", True), ("192.168.1.5", True), ("myhost.example", True),
+                                         ("127.0.0.1", False), ("localhost", False), ("::1", False)])
+def test_ui_on_a_network_interface_warns(devchar_home, capsys, monkeypatch, host, warns):
+    import pipeline.cli as cli
+
+    launched = []
+    monkeypatch.setattr(cli.subprocess, "call", lambda cmd, **kw: launched.append(cmd) or 0)
+    assert cli_main(["ui", "--host", host]) == 0
+    assert launched and host in launched[0]
+    err = capsys.readouterr().err
+    assert ("unauthenticated" in err or "no authentication" in err) is warns, err

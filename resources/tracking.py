@@ -1,8 +1,10 @@
 """MLflow tracking: one run per fit, with params, held-out metrics and device / data-hash / git-sha tags."""
 from __future__ import annotations
 
+import fcntl
 import re
 import subprocess
+from contextlib import contextmanager
 from pathlib import Path
 
 import dagster as dg
@@ -27,6 +29,22 @@ def metric_name(key: str) -> str:
     return re.sub(r"[^\w\-./: ]", "_", key)
 
 
+@contextmanager
+def _setup_lock(uri: str):
+    """An exclusive lock beside a sqlite store while it is created; nothing for a server URI."""
+    if not uri.startswith("sqlite:///"):
+        yield
+        return
+    db = Path(uri.removeprefix("sqlite:///"))
+    db.parent.mkdir(parents=True, exist_ok=True)
+    with open(db.parent / f".{db.name}.setup-lock", "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
 class MLflowTracking(dg.ConfigurableResource):
     tracking_uri: str = ""  # empty: sqlite under $DEVCHAR_HOME
     artifact_root: str = ""
@@ -35,13 +53,14 @@ class MLflowTracking(dg.ConfigurableResource):
         import mlflow
 
         uri = self.tracking_uri or mlflow_uri()
-        if uri.startswith("sqlite:///"):
-            Path(uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
         mlflow.set_tracking_uri(uri)
-        if mlflow.get_experiment_by_name(EXPERIMENT) is None:
-            root = Path(self.artifact_root) if self.artifact_root else mlflow_artifacts()
-            root.mkdir(parents=True, exist_ok=True)
-            mlflow.create_experiment(EXPERIMENT, artifact_location=root.as_uri())
+        # Two devchar runs (two devices) starting at once would both create the sqlite store's
+        # tables ("table ... already exists" killed one of them): set-up holds a file lock.
+        with _setup_lock(uri):
+            if mlflow.get_experiment_by_name(EXPERIMENT) is None:
+                root = Path(self.artifact_root) if self.artifact_root else mlflow_artifacts()
+                root.mkdir(parents=True, exist_ok=True)
+                mlflow.create_experiment(EXPERIMENT, artifact_location=root.as_uri())
         mlflow.set_experiment(EXPERIMENT)
         return mlflow
 

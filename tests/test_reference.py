@@ -62,3 +62,19 @@ def test_committed_shape_list_and_profile_sample():
     pts = reference_points(get_profile("tiny"))
     assert len(pts) == 2 * shapes.groupby(["source", "op"]).ngroups
     assert len(reference_points(get_profile("full"))) == len(shapes)
+
+
+def test_reference_sweep_times_each_peer_shape_on_the_cpu(monkeypatch):
+    """Each shape is built from its own row's columns (a row Series' .dtype is not its dtype column)."""
+    import pandas as pd
+
+    from pipeline.device.discover import identify
+    from pipeline.sweeps import reference_gemms
+    from pipeline.sweeps.profiles import get_profile
+
+    shapes = pd.DataFrame([("neusight", "bmm", "float32", 2, 8, 16, 32), ("vidur", "linear", "bfloat16", 1, 4, 8, 16)],
+                          columns=reference.SHAPE_COLS)
+    monkeypatch.setattr(reference_gemms, "reference_points", lambda profile: shapes)
+    rows = reference_gemms.sweep_reference(identify("cpu"), get_profile("tiny"), log=lambda m: None)
+    assert [(r["op"], r["dtype"], r["m"]) for r in rows] == [("bmm", "float32", 8), ("linear", "bfloat16", 4)]
+    assert all(r["median_us"] > 0 and r["kernel"] for r in rows)

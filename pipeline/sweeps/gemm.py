@@ -102,19 +102,22 @@ def gemm_callable(op: str, dtype: str, b: int, m: int, n: int, k: int, device: s
     return lambda: torch.nn.functional.linear(a, w, bias)
 
 
-def kernel_names(dev: DeviceIdentity, keys: list, make_fn) -> dict:
-    """key -> the GEMM kernel make_fn(key) runs: on CUDA the profiler's kernel name, all keys in
-    one profiler session per few hundred (harness/kernel_names.py); oneDNN's trace on the CPU."""
+def kernel_namer(dev: DeviceIdentity, keys: list, make_fn):
+    """name(key, fn) -> the GEMM kernel a point runs. On CUDA every key is named up front, in
+    one profiler session per few hundred (harness/kernel_names.py), from make_fn(key); on the
+    CPU the point's own call is traced with oneDNN's verbose log when asked, so a CPU sweep
+    builds each point's tensors once."""
     if dev.kind != "cuda":
-        return {key: cpu_kernel_name(make_fn(key)) for key in keys}
+        return lambda key, fn: cpu_kernel_name(fn)
     from pipeline.harness.kernel_names import pick_gemm_kernel, record_kernels
 
     recorded = record_kernels(keys, make_fn)
-    return {key: pick_gemm_kernel([name for name, _ in recorded[key]]) for key in keys}
+    names = {key: pick_gemm_kernel([name for name, _ in recorded[key]]) for key in keys}
+    return lambda key, fn: names[key]
 
 
 def kernel_name(fn, dev: DeviceIdentity) -> str:
-    return kernel_names(dev, [0], lambda _: fn)[0]
+    return kernel_namer(dev, [0], lambda _: fn)(0, fn)
 
 
 def _tile_of(kernel: str, kind: str, dtype: str, probed: tuple[int, int] | None = None) -> tuple[int, int]:
@@ -159,13 +162,14 @@ def sweep_gemm(dev: DeviceIdentity, profile: Profile, log=None) -> list[dict]:
         set_tf32(p.dtype)
         return gemm_callable(p.op, p.dtype, p.batch, p.m, p.n, p.k, dev.torch_device)
 
-    names = kernel_names(dev, pts, make)
+    name = kernel_namer(dev, pts, make)
     prog = Progress("gemm_samples", len(pts), log)
     rows = []
     for p in pts:
-        kernel = names[p]
+        fn = make(p)
+        kernel = name(p, fn)
         tm, tn = _tile_of(kernel, dev.kind, p.dtype, tiles.get((p.op, p.dtype)))
-        meas = measure(make(p), profile.gemm_timing, dev.torch_device, dev.l2_bytes or 0)
+        meas = measure(fn, profile.gemm_timing, dev.torch_device, dev.l2_bytes or 0)
         rows.append({
             "op": p.op, "dtype": p.dtype, "layout": LAYOUT[p.op], "batch": p.batch, "m": p.m, "n": p.n, "k": p.k,
             "kernel": kernel, "tile_m": tm, "tile_n": tn, "split_k": 1 if dev.kind == "cpu" else None, "slots": slots,

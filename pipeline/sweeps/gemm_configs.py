@@ -24,7 +24,7 @@ from pipeline.harness.progress import Progress
 from pipeline.harness.timer import measure
 from pipeline.predict.geometry import near_square
 from pipeline.sweeps import cublaslt_tables as T
-from pipeline.sweeps.gemm import heldout_points, kernel_name, kernel_names, random_shapes, set_tf32
+from pipeline.sweeps.gemm import heldout_points, kernel_name, kernel_namer, random_shapes, set_tf32
 from pipeline.sweeps.profiles import Profile
 
 NOMINAL_TILE = (128, 128)  # for a tile id this cuBLASLt's table does not know (rows say tile_source)
@@ -200,15 +200,16 @@ def _heldout_row(lt, dev, key, point, workspace, profile, torch_kernel: str):
     return row
 
 
-def _torch_kernels(dev: DeviceIdentity, held: list[tuple]) -> dict:
-    """(key, point) -> the kernel torch itself runs there, all named in one profiler session."""
+def _torch_kernels(dev: DeviceIdentity, held: list[tuple]):
+    """name((key, point), fn) -> the kernel torch itself runs there, every point named up front in
+    one profiler session (a CUDA-only sweep, so fn is never needed)."""
     def make(item):
         (op, layout, bias, dtype), (b, m, n, k) = item
         set_tf32(dtype)
         x, w, _, bvec = _tensors(op, layout, bias, dtype, b, m, n, k)
         return _torch_fn(op, layout, x, w, bvec)
 
-    return kernel_names(dev, held, make)
+    return kernel_namer(dev, held, make)
 
 
 def sweep_gemm_configs(dev: DeviceIdentity, profile: Profile, log=None) -> dict[str, list[dict]]:
@@ -241,7 +242,7 @@ def sweep_gemm_configs(dev: DeviceIdentity, profile: Profile, log=None) -> dict[
         for key, cfg, point in plan:
             set_tf32(key[3])
             row = (_measure_config(lt, dev, cfg, key, point, workspace, profile) if cfg is not None
-                   else _heldout_row(lt, dev, key, point, workspace, profile, torch_kernels[(key, point)]))
+                   else _heldout_row(lt, dev, key, point, workspace, profile, torch_kernels((key, point), None)))
             if row is None:
                 skipped += 1
             else:

@@ -12,7 +12,7 @@ from pipeline.device.discover import DeviceIdentity
 from pipeline.harness.progress import Progress
 from pipeline.harness.timer import measure
 from pipeline.reference import REFERENCE_SHAPES, SHAPE_COLS
-from pipeline.sweeps.gemm import gemm_callable, kernel_names, set_tf32
+from pipeline.sweeps.gemm import gemm_callable, kernel_namer, set_tf32
 from pipeline.sweeps.profiles import Profile
 
 
@@ -29,16 +29,18 @@ def sweep_reference(dev: DeviceIdentity, profile: Profile, log=None) -> list[dic
     pts = reference_points(profile)
 
     def make(i: int):
-        p = pts.iloc[i]
-        set_tf32(p.dtype)  # float32 -> TF32 off, as NeuSight measured
-        return gemm_callable(p.op, p.dtype, int(p.batch), int(p.m), int(p.n), int(p.k), dev.torch_device)
+        p = pts.iloc[i]  # a Series: p.dtype would be the Series' own dtype, so columns by name
+        set_tf32(p["dtype"])  # float32 -> TF32 off, as NeuSight measured
+        return gemm_callable(p["op"], p["dtype"], int(p["batch"]), int(p["m"]), int(p["n"]), int(p["k"]),
+                             dev.torch_device)
 
-    names = kernel_names(dev, list(range(len(pts))), make)
+    name = kernel_namer(dev, list(range(len(pts))), make)
     prog = Progress("reference_timings", len(pts), log)
     rows = []
     for i, p in enumerate(pts.itertuples()):
-        meas = measure(make(i), profile.gemm_timing, dev.torch_device, dev.l2_bytes or 0)
-        rows.append({**{c: getattr(p, c) for c in SHAPE_COLS}, "kernel": names[i],
+        fn = make(i)
+        meas = measure(fn, profile.gemm_timing, dev.torch_device, dev.l2_bytes or 0)
+        rows.append({**{c: getattr(p, c) for c in SHAPE_COLS}, "kernel": name(i, fn),
                      **meas.row(profile.gemm_timing.cv_threshold)})
         prog.step(f"{p.source} {p.op} {p.dtype} b={p.batch} {p.m}x{p.n}x{p.k}")
     return rows

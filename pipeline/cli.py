@@ -69,68 +69,22 @@ def cmd_run(args) -> int:
 def _report_run(result, slug: str) -> int:
     """cmd_run's verdict on a finished run: 0, 130 for an interrupted one (told as such, not as
     the steps the interrupt stopped), 1 for a failure, explained (pipeline/run_report.py)."""
-    interrupted = _interrupted(result.all_events)
+    from pipeline.run_report import device_threads, explain_failure, failures, interrupted_steps, noisy_shares
+
+    interrupted = interrupted_steps(result.all_events)
     if interrupted is not None:
         where = f" in {interrupted}" if interrupted else ""
         print(f"devchar: run {result.run_id} interrupted{where}; each table and model is written whole or not "
               "at all, so what finished before it is kept: run `devchar run` again to finish", file=sys.stderr)
         return 130
-    checks, steps = _failures(result.all_events)
+    checks, steps = failures(result.all_events)
     if not result.success or any(c.blocking for c in checks):
-        from pipeline.run_report import explain_failure, noisy_shares
-
+        wh = _warehouse()
         where = [c.asset for c in checks if c.blocking] + [s.step for s in steps]
         print(f"devchar: run {result.run_id} failed at {where}; its logs: `make ui`", file=sys.stderr)
-        print(explain_failure(checks, steps, noisy_shares(_warehouse(), slug), _threads(slug)), file=sys.stderr)
+        print(explain_failure(checks, steps, noisy_shares(wh, slug), device_threads(wh, slug)), file=sys.stderr)
         return 1
     return 0
-
-
-INTERRUPTS = ("KeyboardInterrupt", "DagsterExecutionInterruptedError")
-
-
-def _interrupted(events) -> list[str] | None:
-    """The steps an interrupt (Ctrl-C, a termination) stopped, [] when only the run says it was
-    interrupted or canceled, None when it was not: Dagster records an interrupted step as a
-    STEP_FAILURE whose error source is INTERRUPT, the run as RUN_CANCELED or a RUN_FAILURE
-    'interrupted unexpectedly'."""
-    steps, run = [], False
-    for e in events:
-        data = e.event_specific_data
-        if e.event_type_value == "STEP_FAILURE":
-            source = getattr(getattr(data, "error_source", None), "value", None)
-            if source == "INTERRUPT" or getattr(getattr(data, "error", None), "cls_name", None) in INTERRUPTS:
-                steps.append(e.step_key)
-        elif e.event_type_value == "RUN_CANCELED":
-            run = True
-        elif e.event_type_value == "RUN_FAILURE":
-            run = run or "interrupted" in (getattr(e, "message", None) or "").lower()
-    return steps if steps or run else None
-
-
-def _failures(events) -> tuple[list, list]:
-    """(failed checks, failed steps) from a run's events, as plain records."""
-    from pipeline.run_report import FailedCheck, FailedStep
-
-    checks, steps = [], []
-    for e in events:
-        if e.event_type_value == "ASSET_CHECK_EVALUATION" and not e.event_specific_data.passed:
-            ev = e.event_specific_data
-            meta = {k: getattr(v, "value", v) for k, v in (ev.metadata or {}).items()}
-            checks.append(FailedCheck(ev.asset_key.to_user_string(), ev.check_name, bool(ev.blocking), meta))
-        elif e.event_type_value == "STEP_FAILURE":
-            msg = getattr(getattr(e.event_specific_data, "error", None), "message", "") or ""
-            if "blocking check" not in msg.lower():  # already told as the failed check itself
-                steps.append(FailedStep(e.step_key, msg))
-    return checks, steps
-
-
-def _threads(slug: str) -> int | None:
-    try:
-        row = _warehouse().device_rows("devices", slug).iloc[0]
-        return int(row["threads"]) if row.get("threads") == row.get("threads") else None
-    except (DevcharError, KeyError, TypeError, ValueError):
-        return None
 
 
 def _reference_plan(slug: str):

@@ -29,16 +29,15 @@ def render_summary(warehouse, device: str) -> str:
                             "WHERE device = ? ORDER BY dtype, layer_type", [device])
     if e is None or not (e["model"] == "devchar").any():
         lines.append(_fitted_errors(device))  # model_evaluation did not run: what each fit measured itself
-    if e is not None:
-        if not e.empty:
-            lines.append("\n-- held-out error per layer type (PM2Lat Table II analog; shapes never fitted) --")
-            own = e[e["model"] == "devchar"].drop(columns="model")
-            lines.append(own.to_string(index=False, formatters={"mean_rel_err": "{:.1%}".format,
-                                                                "max_rel_err": "{:.1%}".format}))
-            if e["model"].nunique() > 1:
-                lines.append("\n-- mean relative error, devchar beside the baselines --")
-                pivot = e.pivot_table(index=["layer_type", "dtype"], columns="model", values="mean_rel_err")
-                lines.append(pivot.map(lambda v: "-" if v != v else f"{v:.1%}").to_string())
+    if e is not None and not e.empty:
+        lines.append("\n-- held-out error per layer type (PM2Lat Table II analog; shapes never fitted) --")
+        own = e[e["model"] == "devchar"].drop(columns="model")
+        lines.append(own.to_string(index=False, formatters={"mean_rel_err": "{:.1%}".format,
+                                                            "max_rel_err": "{:.1%}".format}))
+        if e["model"].nunique() > 1:
+            lines.append("\n-- mean relative error, devchar beside the baselines --")
+            pivot = e.pivot_table(index=["layer_type", "dtype"], columns="model", values="mean_rel_err")
+            lines.append(pivot.map(lambda v: "-" if v != v else f"{v:.1%}").to_string())
     if warehouse.has_table("predictions"):
         p = warehouse.query("SELECT * FROM predictions WHERE device = ? ORDER BY workload, config, batch, seq",
                             [device])
@@ -80,6 +79,7 @@ def _fitted_errors(device: str) -> str:
     from pipeline.config import model_store_root
     from pipeline.errors import DevcharError
     from pipeline.predict import store
+    from pipeline.slugs import under
 
     frames = []
     for name in FITTED:
@@ -89,7 +89,7 @@ def _fitted_errors(device: str) -> str:
             found = []
         if not found:
             continue
-        meta = json.loads((model_store_root() / device / name / found[-1] / "meta.json").read_text())
+        meta = json.loads(under(model_store_root(), device, name, found[-1], "meta.json").read_text())
         verdict = "passed" if meta.get("heldout_check_passed", True) else "FAILED its check"
         frames.append(pd.DataFrame(meta.get("errors", [])).assign(model=f"{name} ({verdict})"))
     if not frames:

@@ -1,11 +1,12 @@
 """What `devchar run` says when a run does not succeed: which check or step failed and why,
-how noisy the sweeps were, how busy the machine was, and what to do next (no dagster here:
-cli.py hands over plain records taken from the run's events)."""
+how noisy the sweeps were, how busy the machine was, and what to do next. No dagster import:
+a run's events are read by their attributes (event_type_value, event_specific_data)."""
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
 
+from pipeline.errors import DevcharError
 from pipeline.quality import max_heldout_err, max_heldout_mean_err, max_noisy_share
 
 SAMPLE_TABLES = ("gemm_samples", "utility_samples", "attention_samples", "embedding_samples", "memory_samples")
@@ -23,6 +24,52 @@ class FailedCheck:
 class FailedStep:
     step: str
     message: str
+
+
+INTERRUPTS = ("KeyboardInterrupt", "DagsterExecutionInterruptedError")
+
+
+def interrupted_steps(events) -> list[str] | None:
+    """The steps an interrupt (Ctrl-C, a termination) stopped, [] when only the run says it was
+    interrupted or canceled, None when it was not: Dagster records an interrupted step as a
+    STEP_FAILURE whose error source is INTERRUPT, the run as RUN_CANCELED or a RUN_FAILURE
+    'interrupted unexpectedly'."""
+    steps, run = [], False
+    for e in events:
+        data = e.event_specific_data
+        if e.event_type_value == "STEP_FAILURE":
+            source = getattr(getattr(data, "error_source", None), "value", None)
+            if source == "INTERRUPT" or getattr(getattr(data, "error", None), "cls_name", None) in INTERRUPTS:
+                steps.append(e.step_key)
+        elif e.event_type_value == "RUN_CANCELED":
+            run = True
+        elif e.event_type_value == "RUN_FAILURE":
+            run = run or "interrupted" in (getattr(e, "message", None) or "").lower()
+    return steps if steps or run else None
+
+
+def failures(events) -> tuple[list[FailedCheck], list[FailedStep]]:
+    """(failed checks, failed steps) from a run's events, as plain records."""
+    checks, steps = [], []
+    for e in events:
+        if e.event_type_value == "ASSET_CHECK_EVALUATION" and not e.event_specific_data.passed:
+            ev = e.event_specific_data
+            meta = {k: getattr(v, "value", v) for k, v in (ev.metadata or {}).items()}
+            checks.append(FailedCheck(ev.asset_key.to_user_string(), ev.check_name, bool(ev.blocking), meta))
+        elif e.event_type_value == "STEP_FAILURE":
+            msg = getattr(getattr(e.event_specific_data, "error", None), "message", "") or ""
+            if "blocking check" not in msg.lower():  # already told as the failed check itself
+                steps.append(FailedStep(e.step_key, msg))
+    return checks, steps
+
+
+def device_threads(warehouse, device: str) -> int | None:
+    """The thread count device_spec recorded (None for a GPU, or when there is no row)."""
+    try:
+        row = warehouse.device_rows("devices", device).iloc[0]
+        return int(row["threads"]) if row.get("threads") == row.get("threads") else None
+    except (DevcharError, KeyError, TypeError, ValueError):
+        return None
 
 
 def noisy_shares(warehouse, device: str) -> dict[str, tuple[float, float]]:

@@ -19,7 +19,7 @@ def test_a_failed_heldout_check_is_explained():
 
 
 def test_failures_are_read_from_run_events():
-    from pipeline.cli import _failures
+    from pipeline.run_report import failures
 
     check = types.SimpleNamespace(passed=False, metadata={"worst_median": types.SimpleNamespace(value="bmm 70%")},
                                   asset_key=types.SimpleNamespace(to_user_string=lambda: "utility_model"),
@@ -32,7 +32,7 @@ def test_failures_are_read_from_run_events():
         types.SimpleNamespace(event_type_value="STEP_FAILURE", step_key="memory_model",
                               event_specific_data=types.SimpleNamespace(error=types.SimpleNamespace(message="boom"))),
     ]
-    checks, steps = _failures(events)
+    checks, steps = failures(events)
     assert [(c.asset, c.metadata["worst_median"]) for c in checks] == [("utility_model", "bmm 70%")]
     assert [s.step for s in steps] == ["memory_model"]  # the blocking-check step is told once, as the check
 

@@ -55,13 +55,6 @@ def _repeat(fn: Callable[[], object], flush: Callable[[], None] | None, calls: i
     return work
 
 
-def _only_flushes(flush: Callable[[], None], calls: int) -> Callable[[], None]:
-    def work() -> None:
-        for _ in range(calls):
-            flush()
-    return work
-
-
 def calls_per_replay(per_call_us: float, replay_us: float, min_calls: int, max_calls: int) -> int:
     """Calls captured in one graph: enough that a replay lasts about replay_us of device time."""
     want = math.ceil(replay_us / max(per_call_us, 1e-3))
@@ -103,7 +96,7 @@ def time_by_graph(backend: CudaBackend, fn, spec, flush=None) -> np.ndarray:
         per_call = float(np.median([held(probe) for _ in range(3)])) / probe_calls
         calls = calls_per_replay(per_call, spec.replay_s * 1e6, spec.min_calls, spec.max_calls)
         graph = probe if calls == probe_calls else backend.capture(_repeat(fn, flush, calls))
-        flushes = backend.capture(_only_flushes(flush, calls)) if flush is not None else None
+        flushes = backend.capture(_repeat(flush, None, calls)) if flush is not None else None
         reps = replays_for(spec.budget_s * 1e6, per_call * calls, spec.min_reps, spec.max_reps)
         graph()
         if flushes is not None:
@@ -123,7 +116,7 @@ def time_by_spin(backend: CudaBackend, fn, spec, flush=None, host_per_call_us: f
     """(per-call kernel times, method): the stream is held while R calls are queued behind the spin."""
     calls = spec.min_calls
     work = _repeat(fn, flush, calls)
-    only = _only_flushes(flush, calls) if flush is not None else None
+    only = _repeat(flush, None, calls) if flush is not None else None
     held = HeldStream(backend, 2.0 * calls * host_per_call_us + 50.0)
     held(work)  # warm: sizes the spin to this host
     total = np.array([held(work) for _ in range(spec.min_reps)])
@@ -191,11 +184,8 @@ class TorchCudaBackend:
 
 
 def measure_cuda(fn, spec, backend: CudaBackend, flush=None, log=None) -> tuple[np.ndarray, str]:
-    """(per-call kernel times in us, timing method): graph replay, or the spin when capture fails."""
-    calls, t0 = 0, time.perf_counter()
-    while calls < spec.warmup_min or time.perf_counter() - t0 < spec.warmup_s:
-        fn()
-        calls += 1
+    """(per-call kernel times in us, timing method): graph replay, or the spin when capture fails.
+    fn has been warmed up by the caller (timer.measure_once)."""
     backend.synchronize()
     t0 = time.perf_counter()
     for _ in range(3):  # the host's enqueue cost per call, which the spin must outlast

@@ -27,14 +27,15 @@ def kernels_by_marker(trace: dict) -> dict[int, list[tuple[str, float]]]:
                      key=lambda e: e["ts"])
     launches = {e.get("args", {}).get("correlation"): e for e in events if e.get("cat") in LAUNCH_CATS}
     starts = np.array([m["ts"] for m in markers], dtype=float)
-    out: dict[int, list[tuple[str, float]]] = {int(m["name"][len(MARK):]): [] for m in markers}
+    index = [int(m["name"][len(MARK):]) for m in markers]
+    out: dict[int, list[tuple[str, float]]] = {i: [] for i in index}
     for k in sorted((e for e in events if e.get("cat") in DEVICE_CATS), key=lambda e: e["ts"]):
         call = launches.get(k.get("args", {}).get("correlation"))
         if call is None or not len(starts):
             continue
         i = int(np.searchsorted(starts, call["ts"], side="right")) - 1  # the last marker opened before the launch
         if i >= 0 and call["ts"] <= markers[i]["ts"] + markers[i]["dur"]:
-            out[int(markers[i]["name"][len(MARK):])].append((k["name"], float(k["dur"])))
+            out[index[i]].append((k["name"], float(k["dur"])))
     return out
 
 

@@ -161,12 +161,12 @@ def _sync_for(device: str) -> Callable[[], None]:
 
 def measure_once(fn: Callable[[], object], spec: TimingSpec, device: str = "cpu", l2_bytes: int = 0) -> Measurement:
     flush = _L2Flusher(l2_bytes, device) if spec.flush_l2 and l2_bytes > 0 else None
+    per_call = _warmup(fn, spec, _sync_for(device))
     if device.startswith("cuda"):
         from pipeline.harness.cuda_timer import TorchCudaBackend, measure_cuda
 
         times, method = measure_cuda(fn, spec, TorchCudaBackend(), flush)
         return Measurement(times_us=times, method=method)
-    per_call = _warmup(fn, spec, _sync_for(device))
     inner = max(1, int(spec.min_block_s / max(per_call, 1e-9))) if flush is None else 1
     wall0, cpu0 = time.perf_counter(), time.process_time()
     times = _time_cpu(fn, _reps_for(spec, per_call * inner), flush, inner)

@@ -21,6 +21,7 @@ run: $(STAMP)
 	$(VENV)/bin/devchar run
 
 test: $(STAMP)
+	$(VENV)/bin/lint-imports --no-cache
 	$(PY) -m pytest -q
 
 # Fit, predict and check every committed reference calibration (models_store/reference/<slug>/),

@@ -8,8 +8,8 @@ import dagster as dg
 from assets.common import image_md, md_table, save_plot
 from assets.models import fit_and_register, heldout_check
 from assets.samples import check_results, device_spec, sample_checks, store_sweep
-from pipeline.partitions import devices
-from pipeline.plots import attention_throughput_vs_seq
+from pipeline.orchestration.partitions import devices
+from pipeline.analysis.plots import attention_throughput_vs_seq
 from pipeline.predict.attention import AttentionModel
 from pipeline.predict.evaluate import attention_predictions
 from resources.devices import DeviceRunner

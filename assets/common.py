@@ -7,8 +7,8 @@ import hashlib
 import dagster as dg
 import pandas as pd
 
-from pipeline.config import devchar_home
-from pipeline.slugs import check_slug, under
+from pipeline.core.config import devchar_home
+from pipeline.core.slugs import check_slug, under
 
 
 def image_md(png: bytes, title: str) -> dg.MetadataValue:

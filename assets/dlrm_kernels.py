@@ -6,7 +6,7 @@ import dagster as dg
 from assets.common import md_table
 from assets.models import fit_and_register, heldout_check
 from assets.samples import check_results, device_spec, sample_checks, store_sweep
-from pipeline.partitions import devices
+from pipeline.orchestration.partitions import devices
 from pipeline.predict import embedding, memory
 from pipeline.predict.evaluate import embedding_predictions, memory_predictions
 from resources.devices import DeviceRunner

@@ -14,9 +14,9 @@ from assets.common import data_hash, image_md, md_table, save_plot
 from assets.dlrm_kernels import embedding_model, memory_model
 from assets.models import gemm_model, utility_model
 from assets.samples import gemm_samples, utility_samples
-from pipeline.bench import bench_predict
-from pipeline.partitions import devices
-from pipeline.plots import error_distribution_plot, worst_per_bin_plot
+from pipeline.analysis.bench import bench_predict
+from pipeline.orchestration.partitions import devices
+from pipeline.analysis.plots import error_distribution_plot, worst_per_bin_plot
 from pipeline.predict.baselines import BASELINES
 from pipeline.predict.compare import DevcharPair, error_distribution, held_out_predictions, table_ii, worst_per_bin
 from pipeline.predict.evaluate import attention_predictions, embedding_predictions, memory_predictions

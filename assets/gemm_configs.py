@@ -12,7 +12,7 @@ import pandas as pd
 import dagster as dg
 from assets.common import data_hash, md_table
 from assets.samples import device_spec
-from pipeline.partitions import devices
+from pipeline.orchestration.partitions import devices
 from pipeline.predict.evaluate import error_table
 from pipeline.predict.gemm_configs import GemmConfigModel
 from pipeline.predict.store import new_version

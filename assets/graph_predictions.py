@@ -4,9 +4,9 @@ import pandas as pd
 
 import dagster as dg
 from assets.common import image_md, md_table, save_plot
-from pipeline.partitions import devices
-from pipeline.plots import step_time_vs_batch
-from pipeline.workloads.graph_predict import predict_runs, table_v
+from pipeline.orchestration.partitions import devices
+from pipeline.analysis.plots import step_time_vs_batch
+from pipeline.predict.graph_predict import predict_runs, table_v
 from resources.model_store import ModelStore
 from resources.warehouse import DuckDBWarehouse
 

@@ -8,13 +8,13 @@ model store, logged to MLflow, and blocked by a check when its held-out error is
 import dagster as dg
 from assets.common import data_hash, image_md, md_table, save_plot
 from assets.samples import gemm_samples, utility_samples
-from pipeline.partitions import devices
-from pipeline.plots import predicted_vs_measured
+from pipeline.orchestration.partitions import devices
+from pipeline.analysis.plots import predicted_vs_measured
 from pipeline.predict.evaluate import error_table, gemm_predictions, utility_predictions
 from pipeline.predict.gemm import GemmModel
 from pipeline.predict.store import new_version
 from pipeline.predict.utility import UtilityModel
-from pipeline.quality import max_heldout_err, max_heldout_mean_err
+from pipeline.analysis.quality import max_heldout_err, max_heldout_mean_err
 from resources.model_store import ModelStore
 from resources.tracking import MLflowTracking
 from resources.warehouse import DuckDBWarehouse

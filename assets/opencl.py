@@ -1,6 +1,6 @@
 """opencl_launches: the OpenCL launch dataset (LLMPerf section II) of a device.
 
-The `opencl` sweep runs where the device is (pipeline/sweeps/opencl): generated kernels
+The `opencl` sweep runs where the device is (pipeline/opencl/sweep): generated kernels
 with simple and memory-analysis arguments over 25:60:15 launch settings plus IQR
 rebalancing, and benchmark kernels over input sizes. Failed launches (build errors,
 time-outs, crashes, invalid arguments) are rows too, with their status.
@@ -11,7 +11,7 @@ import pandas as pd
 import dagster as dg
 from assets.common import md_table
 from assets.samples import device_spec, store_sweep
-from pipeline.partitions import devices
+from pipeline.orchestration.partitions import devices
 from resources.devices import DeviceRunner
 from resources.warehouse import DuckDBWarehouse
 

@@ -10,10 +10,10 @@ import pandas as pd
 
 import dagster as dg
 from assets.common import data_hash, image_md, md_table, save_plot
-from pipeline.opencl_models.evaluate import PAPER_BENCH_MAPE, PAPER_VAL_MAPE
-from pipeline.opencl_models.fit import fit_all
-from pipeline.opencl_models.settings import max_val_mape, train_device
-from pipeline.partitions import devices
+from pipeline.opencl.models.evaluate import PAPER_BENCH_MAPE, PAPER_VAL_MAPE
+from pipeline.opencl.models.fit import fit_all
+from pipeline.opencl.models.settings import max_val_mape, train_device
+from pipeline.orchestration.partitions import devices
 from pipeline.predict.store import new_version
 from resources.devices import DeviceRunner
 from resources.model_store import ModelStore

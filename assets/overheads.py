@@ -5,7 +5,7 @@ import pandas as pd
 import dagster as dg
 from assets.common import data_hash, md_table
 from assets.samples import device_spec
-from pipeline.partitions import devices
+from pipeline.orchestration.partitions import devices
 from pipeline.predict.overheads import TYPES, OverheadModel
 from pipeline.predict.store import new_version
 from resources.devices import DeviceRunner

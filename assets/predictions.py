@@ -8,8 +8,8 @@ from assets.evaluation import model_evaluation
 from assets.graph_predictions import dlrm_predictions, graph_predictions, table_v_metadata
 from assets.models import gemm_model, utility_model
 from assets.samples import workload_runs
-from pipeline.partitions import devices
-from pipeline.plots import predicted_vs_measured
+from pipeline.orchestration.partitions import devices
+from pipeline.analysis.plots import predicted_vs_measured
 from pipeline.predict.metrics import rel_err
 from pipeline.predict.workload import predict_ops
 from pipeline.workloads.gpt2 import GPT2Spec, gpt2_ops

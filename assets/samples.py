@@ -9,9 +9,9 @@ import pandas as pd
 
 import dagster as dg
 from assets.common import image_md, md_table, save_plot
-from pipeline.partitions import devices
-from pipeline.plots import latency_vs_bytes, throughput_vs_k
-from pipeline.quality import max_noisy_share
+from pipeline.orchestration.partitions import devices
+from pipeline.analysis.plots import latency_vs_bytes, throughput_vs_k
+from pipeline.analysis.quality import max_noisy_share
 from resources.devices import DeviceRunner
 from resources.warehouse import DuckDBWarehouse
 

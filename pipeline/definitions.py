@@ -12,9 +12,9 @@ from assets.graph_predictions import dlrm_predictions
 from assets.overheads import overhead_model, overhead_traces
 from assets.predictions import accuracy_report, transformer_predictions
 from assets.samples import device_spec, gemm_samples, utility_samples, workload_runs
-from pipeline.jobs import characterize_device, recalibrate
-from pipeline.schedules import weekly_recalibration
-from pipeline.sensors import local_device_sensor
+from pipeline.orchestration.jobs import characterize_device, recalibrate
+from pipeline.orchestration.schedules import weekly_recalibration
+from pipeline.orchestration.sensors import local_device_sensor
 from resources.devices import DeviceRunner
 from resources.model_store import ModelStore
 from resources.tracking import MLflowTracking

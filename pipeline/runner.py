@@ -79,7 +79,7 @@ def run_sweep(sweep: str, device: str = "auto", profile: str = "quick", run_id: 
 def run_sweep_tables(sweep: str, device: str = "auto", profile: str = "quick", run_id: str | None = None,
                      log=None, out_dir: str | Path | None = None) -> dict[str, list[dict]]:
     from pipeline.device.discover import identify, resolve
-    from pipeline.errors import DevcharError
+    from pipeline.core.errors import DevcharError
     from pipeline.sweeps.profiles import get_profile
 
     if sweep not in SWEEPS:
@@ -94,7 +94,7 @@ def run_sweep_tables(sweep: str, device: str = "auto", profile: str = "quick", r
 
         result = [device_row(dev, quick=prof.name != "full")]
     elif sweep == "opencl":  # resumable: a checkpoint under out_dir
-        from pipeline.sweeps.opencl.sweep import sweep_opencl
+        from pipeline.opencl.sweep.sweep import sweep_opencl
 
         result = sweep_opencl(dev, prof, log, out_dir)
     else:
@@ -125,7 +125,7 @@ def write_rows(rows: list[dict], out_dir: Path, table: str) -> Path:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m pipeline.runner", description=__doc__)
     ap.add_argument("sweeps", nargs="+", help=f"one or more of {sorted(SWEEPS)} or 'all'")
-    from pipeline.slugs import device_arg
+    from pipeline.core.slugs import device_arg
 
     ap.add_argument("--device", default="auto", type=device_arg, help="auto, cpu, cuda, or a device slug")
     ap.add_argument("--profile", default=os.environ.get("DEVCHAR_PROFILE", "quick"))
@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     # torch's C++ warnings (the execution-trace observer announces itself on every capture)
     # would bury the progress lines; errors still print. Set before torch is imported.
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
-    from pipeline.errors import DevcharError
+    from pipeline.core.errors import DevcharError
 
     names = all_sweeps(args.device) if args.sweeps == ["all"] else args.sweeps
     with contextlib.ExitStack() as stack:

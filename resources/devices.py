@@ -18,10 +18,10 @@ from typing import Literal
 import dagster as dg
 import pandas as pd
 
-from pipeline.config import REPO_ROOT, profile_name, reference_root
-from pipeline.errors import UnknownDeviceError
+from pipeline.core.config import REPO_ROOT, profile_name, reference_root
+from pipeline.core.errors import UnknownDeviceError
 from pipeline.runner import SWEEPS, tables_of
-from pipeline.slugs import SLUG, check_slug, under
+from pipeline.core.slugs import SLUG, check_slug, under
 
 
 def read_rows(path: Path) -> pd.DataFrame:

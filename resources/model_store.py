@@ -5,7 +5,7 @@ from pathlib import Path
 
 import dagster as dg
 
-from pipeline.config import model_store_root
+from pipeline.core.config import model_store_root
 from pipeline.predict import store
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import dagster as dg
 
-from pipeline.config import REPO_ROOT, mlflow_artifacts, mlflow_uri
+from pipeline.core.config import REPO_ROOT, mlflow_artifacts, mlflow_uri
 
 EXPERIMENT = "devchar-fits"
 

@@ -11,10 +11,10 @@ import dagster as dg
 import duckdb
 import pandas as pd
 
-from pipeline.config import duckdb_path, lock_wait_seconds
-from pipeline.errors import DevcharError, WarehouseLockedError
-from pipeline.slugs import check_slug
-from pipeline.tables import SQL_TYPES, check_columns, contract
+from pipeline.core.config import duckdb_path, lock_wait_seconds
+from pipeline.core.errors import DevcharError, WarehouseLockedError
+from pipeline.core.slugs import check_slug
+from pipeline.core.tables import SQL_TYPES, check_columns, contract
 
 TABLES = ("devices", "gemm_samples", "utility_samples", "attention_samples", "embedding_samples", "memory_samples",
           "overhead_samples", "workload_graphs", "opencl_launches", "workload_runs", "predictions", "model_errors",
@@ -115,7 +115,7 @@ class DuckDBWarehouse(dg.ConfigurableResource):
         """Several (table, device, rows[, scope]) replacements in ONE transaction: all land or none.
 
         Every frame is checked first (known table, a valid device slug naming every row, only
-        the contract's columns, of their kinds: pipeline/tables.py); nothing touches the
+        the contract's columns, of their kinds: pipeline/core/tables.py); nothing touches the
         file until all pass. Column names reach SQL only quoted, and only contract names.
         """
         parts = [(t, d, r, (s[0] if s else None)) for t, d, r, *s in parts]

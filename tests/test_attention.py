@@ -5,7 +5,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from pipeline.errors import BadShapeError, MissingModelError, UnknownDtypeError
+from pipeline.core.errors import BadShapeError, MissingModelError, UnknownDtypeError
 from pipeline.predict.attention import AttentionModel, AttentionTable, attention_flops, fill_missing
 from pipeline.predict.evaluate import attention_predictions
 

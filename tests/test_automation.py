@@ -4,9 +4,9 @@ from datetime import datetime, timezone
 import dagster as dg
 
 from pipeline.device.discover import identify
-from pipeline.partitions import devices
-from pipeline.schedules import weekly_recalibration
-from pipeline.sensors import local_device_sensor
+from pipeline.orchestration.partitions import devices
+from pipeline.orchestration.schedules import weekly_recalibration
+from pipeline.orchestration.sensors import local_device_sensor
 
 WHEN = datetime(2026, 11, 23, 3, 0, tzinfo=timezone.utc)
 

@@ -5,7 +5,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from pipeline.errors import BadShapeError, MissingModelError, UnknownDtypeError
+from pipeline.core.errors import BadShapeError, MissingModelError, UnknownDtypeError
 from pipeline.predict.baselines import LinMLP, NeuSightMLP, RooflineModel
 from pipeline.predict.geometry import blocks, waves
 from pipeline.predict.mlp import MLPConfig, Net, train

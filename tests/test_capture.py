@@ -7,12 +7,12 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from pipeline.predict.graph import ExecutionGraph, Kernel, Op  # noqa: E402
+from pipeline.core.graph import ExecutionGraph, Kernel, Op  # noqa: E402
 from pipeline.predict.overheads import OverheadModel, extract_overheads  # noqa: E402
 from pipeline.predict.utility import UtilityModel  # noqa: E402
 from pipeline.workloads.capture import capture  # noqa: E402
-from pipeline.workloads.ops import UTILITY_OPS  # noqa: E402
-from pipeline.workloads.price import FREE, price_graph  # noqa: E402
+from pipeline.core.ops import UTILITY_OPS  # noqa: E402
+from pipeline.predict.price import FREE, price_graph  # noqa: E402
 
 TINY_GPT2 = {"model_type": "gpt2", "n_layer": 2, "n_embd": 64, "n_head": 2, "vocab_size": 1000,
              "bos_token_id": 999, "eos_token_id": 999}
@@ -152,8 +152,8 @@ def test_cli_predicts_a_hugging_face_config_it_has_never_seen(devchar_home, tmp_
 
     import pandas as pd
 
-    from pipeline.cli import main as cli_main
-    from pipeline.config import model_store_root
+    from pipeline.cli.main import main as cli_main
+    from pipeline.core.config import model_store_root
     from pipeline.predict import store
     from pipeline.predict.gemm import GemmModel
     from pipeline.predict.utility import UtilityModel

@@ -18,8 +18,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from pipeline.cli import main as cli_main
-from pipeline.config import REPO_ROOT
+from pipeline.cli.main import main as cli_main
+from pipeline.core.config import REPO_ROOT
 from resources.warehouse import DuckDBWarehouse
 
 DEVICE = "cpu-test"
@@ -38,7 +38,7 @@ def one_line_error(capsys, *needles: str) -> str:
 def device_models(devchar_home):
     """gemm_model and utility_model for DEVICE: GEMMs measured up to 64 waves and K = 512 (tile
     8 x 8, 2 slots), enough for a 1-layer, 64-wide GPT-2 at batch 1 and seq 8."""
-    from pipeline.config import model_store_root
+    from pipeline.core.config import model_store_root
     from pipeline.predict import store
     from pipeline.predict.gemm import GemmModel
     from pipeline.predict.utility import UtilityModel
@@ -101,7 +101,7 @@ def test_hf_config_too_large_is_refused_with_the_figure_before_anything_is_built
 
 
 def test_hf_config_memory_is_parameters_and_logits_against_what_is_available(tmp_path):
-    from pipeline.errors import BadConfigError
+    from pipeline.core.errors import BadConfigError
     from pipeline.workloads.predict_callable import check_hf_config
 
     cfg = {"model_type": "gpt2", "n_layer": 1, "n_embd": 32, "n_head": 2, "vocab_size": 100, "n_positions": 64}
@@ -226,7 +226,7 @@ def run_one_op(raises: BaseException):
 
 
 def test_interrupted_run_is_reported_as_interrupted(devchar_home, capsys):
-    from pipeline.cli import _report_run
+    from pipeline.cli.main import _report_run
 
     assert _report_run(run_one_op(KeyboardInterrupt()), "cpu-x") == 130
     said = devchar_lines(capsys)  # Dagster's own log lines go to stderr too
@@ -234,7 +234,7 @@ def test_interrupted_run_is_reported_as_interrupted(devchar_home, capsys):
 
 
 def test_a_real_failure_is_still_explained(devchar_home, capsys):
-    from pipeline.cli import _report_run
+    from pipeline.cli.main import _report_run
 
     assert _report_run(run_one_op(ValueError("disk full")), "cpu-x") == 1
     err = capsys.readouterr().err
@@ -244,7 +244,7 @@ def test_a_real_failure_is_still_explained(devchar_home, capsys):
 
 
 def test_ctrl_c_outside_a_run_is_one_line(devchar_home, capsys, monkeypatch):
-    import pipeline.cli as cli
+    import pipeline.cli.main as cli
 
     def interrupted(args):
         raise KeyboardInterrupt
@@ -329,7 +329,7 @@ def test_two_processes_writing_different_devices_both_land(devchar_home):
 @pytest.mark.parametrize("host, warns", [("0.0.0.0", True), ("192.168.1.5", True), ("myhost.example", True),
                                          ("127.0.0.1", False), ("localhost", False), ("::1", False)])
 def test_ui_on_a_network_interface_warns(devchar_home, capsys, monkeypatch, host, warns):
-    import pipeline.cli as cli
+    import pipeline.cli.main as cli
 
     launched = []
     monkeypatch.setattr(cli.subprocess, "call", lambda cmd, **kw: launched.append(cmd) or 0)

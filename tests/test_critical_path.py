@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.predict.critical_path import critical_path, gpu_active_time
-from pipeline.predict.graph import ExecutionGraph, GraphError, Kernel, Op
+from pipeline.core.graph import ExecutionGraph, GraphError, Kernel, Op
 from pipeline.predict.overheads import T5_NO_KERNELS, OverheadModel, extract_overheads
 
 GPU_TRACE = Path(__file__).parent / "fixtures" / "gpu_style_trace.json"

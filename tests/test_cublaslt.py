@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from pipeline.errors import DevcharError, UnknownDtypeError
+from pipeline.core.errors import DevcharError, UnknownDtypeError
 from pipeline.predict.geometry import blocks
 from pipeline.sweeps import cublaslt_tables as T
 from pipeline.sweeps.gemm_configs import config_points, discovery_shapes, parse_op

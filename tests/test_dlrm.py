@@ -7,7 +7,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from pipeline.errors import BadShapeError  # noqa: E402
+from pipeline.core.errors import BadShapeError  # noqa: E402
 from pipeline.workloads.dlrm import (  # noqa: E402
     FULL_CONFIGS, QUICK_CONFIGS, TINY_CONFIGS, DLRMSpec, configs_for,
 )

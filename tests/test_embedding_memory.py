@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from pipeline.errors import BadShapeError, MissingModelError, UnknownDtypeError
+from pipeline.core.errors import BadShapeError, MissingModelError, UnknownDtypeError
 from pipeline.predict.embedding import EmbeddingModel, embedding_traffic, hit_rate, table_iv_rows
 from pipeline.predict.memory import OP_DIMS, MemoryModel, memory_bytes
 from pipeline.predict.memory import table_iv_rows as memory_table_iv

@@ -3,7 +3,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from pipeline.errors import BadShapeError, MissingModelError, UnknownDtypeError
+from pipeline.core.errors import BadShapeError, MissingModelError, UnknownDtypeError
 from pipeline.predict.gemm import GemmModel, GemmTable
 from pipeline.predict.geometry import blocks, near_square, waves, whole_wave_shape
 

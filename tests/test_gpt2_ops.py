@@ -9,10 +9,10 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from pipeline.errors import BadShapeError  # noqa: E402
+from pipeline.core.errors import BadShapeError  # noqa: E402
 from pipeline.workloads.gpt2 import QUICK_CONFIGS, GPT2Spec, gpt2_ops  # noqa: E402
 from pipeline.workloads.gpt2_run import build_gpt2, measure_forward  # noqa: E402
-from pipeline.workloads.ops import GemmOp  # noqa: E402
+from pipeline.core.ops import GemmOp  # noqa: E402
 
 SPEC = QUICK_CONFIGS[0]
 SEQ = 16

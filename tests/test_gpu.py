@@ -123,7 +123,7 @@ def _lt_case(lt, dtype, layout, batch, m, n, k, bias, cfg=None):
     """Run cfg (default: the heuristic's first) on fresh random tensors; relative error vs float64."""
     import torch
 
-    from pipeline.dtypes import torch_dtype
+    from pipeline.harness.dtypes import torch_dtype
     from pipeline.sweeps.cublaslt_tables import operand_shapes
 
     torch.manual_seed(1)

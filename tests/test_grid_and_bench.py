@@ -4,9 +4,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from pipeline.bench import bench_predict
-from pipeline.errors import BadShapeError
-from pipeline.grid_cache import TABLE, LayerGrid, write_grid
+from pipeline.analysis.bench import bench_predict
+from pipeline.core.errors import BadShapeError
+from pipeline.analysis.grid_cache import TABLE, LayerGrid, write_grid
 from pipeline.predict import gemm as gemm_mod
 
 

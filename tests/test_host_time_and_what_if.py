@@ -10,15 +10,15 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from pipeline.predict.graph import ExecutionGraph, Kernel, Op  # noqa: E402
+from pipeline.core.graph import ExecutionGraph, Kernel, Op  # noqa: E402
 from pipeline.workloads.capture import capture  # noqa: E402
 from pipeline.workloads.dlrm import TINY_CONFIGS  # noqa: E402
 from pipeline.workloads.dlrm_run import build_dlrm, make_batch, train_step  # noqa: E402
-from pipeline.workloads.graph_predict import overheads_for, predict_runs, table_v  # noqa: E402
+from pipeline.predict.graph_predict import overheads_for, predict_runs, table_v  # noqa: E402
 from pipeline.workloads.host_time import cpu_overheads  # noqa: E402
-from pipeline.workloads.price import classify_graph, price_graph  # noqa: E402
-from pipeline.workloads.price_recsys import EMB_BWD, EMB_FWD, RecsysOps  # noqa: E402
-from pipeline.workloads.what_if import fuse_embedding_bags, with_batch  # noqa: E402
+from pipeline.predict.price import classify_graph, price_graph  # noqa: E402
+from pipeline.predict.price_recsys import EMB_BWD, EMB_FWD, RecsysOps  # noqa: E402
+from pipeline.predict.what_if import fuse_embedding_bags, with_batch  # noqa: E402
 
 SPEC = TINY_CONFIGS[0]
 
@@ -177,7 +177,7 @@ def test_predict_module_for_a_gpu_target_walks_algorithm1_asynchronously(synthet
     host is the critical path (Fig. 4 left); the synchronous CPU mode would just add them up."""
     from pipeline.predict.overheads import OverheadModel
     from pipeline.predict.utility import UtilityModel
-    from pipeline.workloads.ops import UTILITY_OPS
+    from pipeline.core.ops import UTILITY_OPS
     from pipeline.workloads.predict_callable import predict_module
 
     rows = [dict(op=op, dtype="float32", rows=r, cols=c, median_us=1.0, held_out=False)
@@ -194,7 +194,7 @@ def test_predict_module_for_a_gpu_target_walks_algorithm1_asynchronously(synthet
 
 
 def test_op_breakdown_groups_traced_and_predicted_time_by_op():
-    from pipeline.workloads.graph_predict import op_breakdown
+    from pipeline.predict.graph_predict import op_breakdown
 
     cov = {"ops": [
         {"id": 1, "name": "aten::addmm", "status": "priced", "model_op": "mm", "measured_us": 100.0, "predicted_us": 80.0},

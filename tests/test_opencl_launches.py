@@ -10,9 +10,9 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from pipeline.sweeps.opencl import corpus
-from pipeline.sweeps.opencl.clang_ast import KernelParseError, kernel_params, parse_kernel
-from pipeline.sweeps.opencl.settings import (iqr_rebalance, lsize_choices, regime_bounds, sample_work_groups,
+from pipeline.opencl.sweep import corpus
+from pipeline.opencl.sweep.clang_ast import KernelParseError, kernel_params, parse_kernel
+from pipeline.opencl.sweep.settings import (iqr_rebalance, lsize_choices, regime_bounds, sample_work_groups,
                                               split_counts)
 
 
@@ -35,7 +35,7 @@ STATUSES = {"ok", "build_error", "launch_error", "timeout", "crash", "invalid_ar
 @pytest.fixture(scope="module")
 def runner():
     from pipeline.harness.timer import TimingSpec
-    from pipeline.sweeps.opencl.execute import KernelRunner, Limits
+    from pipeline.opencl.sweep.execute import KernelRunner, Limits
 
     with KernelRunner(Limits(launch_timeout_s=1.5, build_timeout_s=30),
                       TimingSpec(warmup_s=0.0, budget_s=0.001, min_reps=3, max_reps=5)) as r:
@@ -70,7 +70,7 @@ KNOWN = {  # kernel -> (scalars of the plan to look at, expected (slope, interce
 @needs_pocl
 @pytest.mark.parametrize("source", list(KNOWN))
 def test_memory_analysis_infers_affine_array_sizes(source, runner):
-    from pipeline.sweeps.opencl.arguments import memory_plans
+    from pipeline.opencl.sweep.arguments import memory_plans
 
     name = source.split("void ")[1].split("(")[0]
     scalars, expected = KNOWN[source]
@@ -84,7 +84,7 @@ def test_memory_analysis_infers_affine_array_sizes(source, runner):
 
 @needs_pocl
 def test_memory_analysis_drops_size_quadratic_in_gsize(runner):
-    from pipeline.sweeps.opencl.arguments import memory_plans
+    from pipeline.opencl.sweep.arguments import memory_plans
 
     src = list(KNOWN)[2]  # in[i * k + j] with k = gsize: in needs gsize^2 elements, not a line
     plans = memory_plans(src, "c", runner, (64, 128, 256), 8, 36, np.random.default_rng(0))
@@ -121,7 +121,7 @@ def test_iqr_rebalance_fills_the_missing_time_range():
 
 @needs_pocl
 def test_hung_and_crashing_kernels_are_contained(runner):
-    from pipeline.sweeps.opencl.execute import Launch
+    from pipeline.opencl.sweep.execute import Launch
 
     args = [{"name": "a", "type": "__global float *", "kind": "global", "element": "float", "elements": 8192}]
     hang = "__kernel void f(__global float* a) { int i = get_global_id(0); while (a[i] >= 0.0f) { a[i] += 1.0f; } }"
@@ -145,7 +145,7 @@ def test_hung_and_crashing_kernels_are_contained(runner):
 @needs_pocl
 def test_memory_limit_turns_a_huge_buffer_into_a_launch_error():
     from pipeline.harness.timer import TimingSpec
-    from pipeline.sweeps.opencl.execute import KernelRunner, Launch, Limits
+    from pipeline.opencl.sweep.execute import KernelRunner, Launch, Limits
 
     ok = "__kernel void f(__global float* a) { int i = get_global_id(0); a[i] = sqrt(a[i]); }"
     huge = [{"name": "a", "type": "__global float *", "kind": "global", "element": "float", "elements": 1 << 30}]
@@ -169,7 +169,7 @@ def test_corpus_is_deterministic_and_distinct():
 @needs_pocl
 def test_sweep_goes_on_past_bad_kernels(monkeypatch):
     from pipeline.device.discover import identify
-    from pipeline.sweeps.opencl import sweep
+    from pipeline.opencl.sweep import sweep
     from pipeline.sweeps.profiles import get_profile
 
     hang = corpus.Kernel("hang_1", "hang", "hang_1", "__kernel void hang_1(__global float* a) {"

@@ -8,10 +8,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from pipeline.errors import DevcharError, MissingModelError
-from pipeline.opencl_models.evaluate import kernel_groups, ok_launches, split
-from pipeline.opencl_models.prompts import build_prompt, launch_prompts
-from pipeline.opencl_models.settings import sizes
+from pipeline.core.errors import DevcharError, MissingModelError
+from pipeline.opencl.models.evaluate import kernel_groups, ok_launches, split
+from pipeline.opencl.models.prompts import build_prompt, launch_prompts
+from pipeline.opencl.models.settings import sizes
 from pipeline.predict import store
 
 FIXTURE = Path(__file__).parent / "fixtures" / "opencl" / "launches.jsonl"  # made by make_launches.py (PoCL)
@@ -23,8 +23,8 @@ def launches() -> pd.DataFrame:
 
 
 def _events(source: str) -> dict:
-    from pipeline.opencl_models.ast_counts import kernel_events
-    from pipeline.sweeps.opencl.clang_ast import parse_kernel
+    from pipeline.opencl.models.ast_counts import kernel_events
+    from pipeline.opencl.sweep.clang_ast import parse_kernel
 
     return dict(kernel_events(parse_kernel(source)[1]))
 
@@ -65,7 +65,7 @@ def test_static_trip_count_multiplies_the_loop_body():
 
 
 def test_loop_bound_by_a_scalar_argument_resolves_per_launch():
-    from pipeline.opencl_models.features import FEATURES, launch_features
+    from pipeline.opencl.models.features import FEATURES, launch_features
 
     src = "__kernel void k(__global float* x, const int n) { for (int c = 0; c < n; c++) x[c] += 1.0f; }"
     ev = _events(src)
@@ -104,7 +104,7 @@ def test_split_keeps_kernels_and_sources_on_one_side(launches):
 def test_regression_heads_concat_or_mean_pool_the_tokens():
     import torch
 
-    from pipeline.opencl_models.neural import Head
+    from pipeline.opencl.models.neural import Head
 
     h, mask = torch.randn(3, 10, 8), torch.ones(3, 10)
     assert Head(10, 8, 4, "concat")(h, mask).shape == (3,) and Head(10, 8, 4, "mean")(h, mask).shape == (3,)
@@ -121,7 +121,7 @@ def test_empty_table_or_no_ok_rows_is_one_clear_error(launches):
 
 @pytest.mark.parametrize("name", ["opencl_features", "opencl_scratch", "opencl_lm"])
 def test_model_fits_predicts_and_round_trips(launches, name, tmp_path):
-    from pipeline.opencl_models.fit import _fit_one
+    from pipeline.opencl.models.fit import _fit_one
 
     train, val, bench = split(ok_launches(launches), seed=0)
     model, params = _fit_one(name, train, "tiny", "cpu", 0, None)
@@ -133,7 +133,7 @@ def test_model_fits_predicts_and_round_trips(launches, name, tmp_path):
 
 
 def test_corrupt_or_missing_saved_model_is_one_clear_error(launches, tmp_path):
-    from pipeline.opencl_models.scratch import ScratchModel
+    from pipeline.opencl.models.scratch import ScratchModel
 
     model = ScratchModel.fit(ok_launches(launches), sizes("tiny").scratch)
     path = store.save(tmp_path, "cpu-test", "opencl_scratch", model, {}, "v1")

@@ -71,7 +71,7 @@ def _what_if_from_the_captured_graphs(slug: str):
     import contextlib
     import io
 
-    from pipeline import cli
+    from pipeline.cli import main as cli
     from pipeline.workloads.dlrm import QUICK_CONFIGS
     from pipeline.sweeps.profiles import get_profile
 
@@ -133,7 +133,7 @@ def test_failing_heldout_check_blocks_predictions(devchar_home, monkeypatch):
     materialized = {e.asset_key.to_user_string() for e in result.get_asset_materialization_events()}
     assert failed and failed <= materialized, failed - materialized
     # the failed fit is kept for its history, but `latest` refuses it: the CLI cannot use it either
-    from pipeline.errors import MissingModelError
+    from pipeline.core.errors import MissingModelError
     from resources.model_store import ModelStore
 
     with pytest.raises(MissingModelError, match="held-out check"):

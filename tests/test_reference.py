@@ -1,9 +1,9 @@
-"""Peer H100 references (pipeline/reference.py): parsing, the committed shape list, comparison."""
+"""Peer H100 references (pipeline/analysis/reference.py): parsing, the committed shape list, comparison."""
 import numpy as np
 import pandas as pd
 import pytest
 
-from pipeline import reference
+from pipeline.analysis import reference
 from pipeline.sweeps.profiles import get_profile
 
 

@@ -18,7 +18,7 @@ def _calibration(root, slug, sweeps):
 
 
 def test_plan_skips_what_the_calibration_lacks(tmp_path, monkeypatch, devchar_home):
-    from pipeline.cli import _reference_plan
+    from pipeline.cli.main import _reference_plan
 
     monkeypatch.setattr(devices_mod, "reference_root", lambda: tmp_path)
     _calibration(tmp_path, "cuda-some-gpu", [s for s in SWEEPS if s != "opencl"])
@@ -31,7 +31,7 @@ def test_plan_skips_what_the_calibration_lacks(tmp_path, monkeypatch, devchar_ho
 
 
 def test_unknown_slug_is_one_clear_error(tmp_path, monkeypatch, devchar_home, capsys):
-    from pipeline import cli
+    from pipeline.cli import main as cli
 
     monkeypatch.setattr(devices_mod, "reference_root", lambda: tmp_path)
     _calibration(tmp_path, "cpu-some-cpu-2c", ["device"])

@@ -2,7 +2,7 @@
 noise, load and what to do; and a Table II section even when the evaluation never ran."""
 import types
 
-from pipeline.run_report import FailedCheck, FailedStep, explain_failure
+from pipeline.analysis.run_report import FailedCheck, FailedStep, explain_failure
 
 
 def test_a_failed_heldout_check_is_explained():
@@ -19,7 +19,7 @@ def test_a_failed_heldout_check_is_explained():
 
 
 def test_failures_are_read_from_run_events():
-    from pipeline.run_report import failures
+    from pipeline.analysis.run_report import failures
 
     check = types.SimpleNamespace(passed=False, metadata={"worst_median": types.SimpleNamespace(value="bmm 70%")},
                                   asset_key=types.SimpleNamespace(to_user_string=lambda: "utility_model"),
@@ -38,9 +38,9 @@ def test_failures_are_read_from_run_events():
 
 
 def test_table_ii_section_comes_from_the_fits_when_evaluation_did_not_run(devchar_home):
-    from pipeline.config import model_store_root
+    from pipeline.core.config import model_store_root
     from pipeline.predict import store
-    from pipeline.report import _fitted_errors
+    from pipeline.analysis.report import _fitted_errors
 
     class Model:
         def to_dict(self):

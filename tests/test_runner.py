@@ -21,7 +21,7 @@ def test_traces_sweep_writes_graphs_and_overheads(tmp_path):
     """One capture per workload fills two tables: the graph (JSON) and its T-type overheads."""
     import json
 
-    from pipeline.predict.graph import ExecutionGraph
+    from pipeline.core.graph import ExecutionGraph
 
     assert runner.main(["traces", "--profile", "tiny", "--out", str(tmp_path), "--run-id", "t1"]) == 0
     graphs = pd.read_parquet(tmp_path / "workload_graphs.parquet")
@@ -62,7 +62,7 @@ def test_jsonl_fallback_round_trips(tmp_path, monkeypatch):
 
 def test_subprocess_mode_through_dagster_pipes(devchar_home, monkeypatch):
     from assets.samples import device_spec, utility_samples
-    from pipeline.partitions import devices
+    from pipeline.orchestration.partitions import devices
     from resources.devices import DeviceRunner
     from resources.warehouse import DuckDBWarehouse
 

@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from pipeline.cli import main as cli_main
+from pipeline.cli.main import main as cli_main
 from resources.warehouse import DuckDBWarehouse
 
 INJECTION = 'x" INT); DROP TABLE predictions; --'
@@ -24,7 +24,7 @@ VALUE = {"int": 4, "float": 2.5, "str": "x", "bool": False}
 
 def rows_for(table: str, device: str = "cpu-x", n: int = 3) -> pd.DataFrame:
     """n valid rows of `table` with exactly its contract's required columns."""
-    from pipeline.tables import contract
+    from pipeline.core.tables import contract
 
     cols = {c: [VALUE[kind]] * n for c, kind in contract(table).required.items()}
     return pd.DataFrame({**cols, "device": [device] * n, "run_id": ["r1"] * n})
@@ -208,7 +208,7 @@ def test_load_of_nothing_is_an_error(devchar_home, tmp_path, capsys, case):
 def test_every_harness_column_is_in_the_sample_contracts():
     """A column the harness adds to every timing row must be added to the contract too."""
     from pipeline.harness.timer import Measurement
-    from pipeline.tables import CONTRACT
+    from pipeline.core.tables import CONTRACT
 
     cols = set(Measurement(times_us=np.ones(5)).row())
     for table in ("gemm_samples", "utility_samples", "attention_samples", "embedding_samples", "memory_samples",
@@ -269,15 +269,15 @@ def test_sql_errors_are_one_line(warehouse, capsys, statement, needle):
 @pytest.mark.parametrize("slug", ["../../x", "/etc", "a/../../b", "..", ".hidden", "Upper", "", "a" * 129,
                                   "cpu x", "x\0y"])
 def test_bad_slugs_are_refused(slug):
-    from pipeline.slugs import check_slug
-    from pipeline.errors import BadSlugError
+    from pipeline.core.slugs import check_slug
+    from pipeline.core.errors import BadSlugError
 
     with pytest.raises(BadSlugError):
         check_slug(slug)
 
 
 def test_good_slugs_pass():
-    from pipeline.slugs import check_slug
+    from pipeline.core.slugs import check_slug
 
     for slug in ("cpu-intel-xeon-processor-2c", "nvidia-h100-80gb-hbm3", "cuda-nvidia-h100-80gb-hbm3", "d1"):
         assert check_slug(slug) == slug
@@ -344,7 +344,7 @@ def test_warehouse_refuses_a_traversal_partition(devchar_home):
 
 
 def test_debug_shows_the_traceback(warehouse):
-    from pipeline.errors import DevcharError
+    from pipeline.core.errors import DevcharError
 
     with pytest.raises(DevcharError, match="syntax error"):
         cli_main(["--debug", "sql", "SELEC 1"])

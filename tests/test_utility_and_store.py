@@ -5,8 +5,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from pipeline.cli import main as cli_main
-from pipeline.errors import BadShapeError, MissingModelError, UnknownDtypeError
+from pipeline.cli.main import main as cli_main
+from pipeline.core.errors import BadShapeError, MissingModelError, UnknownDtypeError
 from pipeline.predict import store
 from pipeline.predict.traffic import utility_traffic
 from pipeline.predict.utility import UtilityModel

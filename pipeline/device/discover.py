@@ -10,7 +10,7 @@ import platform
 import re
 from dataclasses import asdict, dataclass
 
-from pipeline.errors import UnknownDeviceError
+from pipeline.core.errors import UnknownDeviceError
 
 
 @dataclass(frozen=True)

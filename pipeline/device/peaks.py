@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 from pipeline.device.discover import DeviceIdentity
-from pipeline.dtypes import dtypes_for, torch_dtype
+from pipeline.core.dtypes import dtypes_for
+from pipeline.harness.dtypes import torch_dtype
 from pipeline.harness.timer import TimingSpec, measure
 
 _SPEC = TimingSpec(warmup_s=0.05, budget_s=0.3, min_reps=5, max_reps=200)

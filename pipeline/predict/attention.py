@@ -18,8 +18,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pipeline.dtypes import check_dtype
-from pipeline.errors import BadShapeError, MissingModelError, check_positive_arrays
+from pipeline.core.dtypes import check_dtype
+from pipeline.core.errors import BadShapeError, MissingModelError, check_positive_arrays
 from pipeline.predict.geometry import grid_position
 
 ATTENTION_BACKENDS = ("flash", "efficient", "cudnn", "math")  # torch SDPA backends, as attention_samples names them

@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from pipeline.dtypes import ELEMENT_BYTES, check_dtype, element_bytes
-from pipeline.errors import BadShapeError, MissingModelError, check_positive_arrays
+from pipeline.core.dtypes import ELEMENT_BYTES, check_dtype, element_bytes
+from pipeline.core.errors import BadShapeError, MissingModelError, check_positive_arrays
 from pipeline.predict.geometry import waves as count_waves
 from pipeline.predict.mlp import Net, search
 from pipeline.predict.traffic import utility_traffic
-from pipeline.workloads.ops import GEMM_OPS, UTILITY_OPS
+from pipeline.core.ops import GEMM_OPS, UTILITY_OPS
 
 _U_MIN, _U_MAX = 1e-5, 0.999  # utilization clipped here before the logit (measured may beat the peak)
 

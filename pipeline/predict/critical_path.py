@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from pipeline.predict.graph import ExecutionGraph
+from pipeline.core.graph import ExecutionGraph
 from pipeline.predict.overheads import OverheadModel
 
 # Algorithm 1 line 11: gpu_time = max(gpu_time + 1, cpu_time + T4/2) + Tk.

@@ -34,8 +34,8 @@ import numpy as np
 import pandas as pd
 from scipy.special import gammaln
 
-from pipeline.dtypes import check_dtype, element_bytes
-from pipeline.errors import BadShapeError, MissingModelError
+from pipeline.core.dtypes import check_dtype, element_bytes
+from pipeline.core.errors import BadShapeError, MissingModelError
 from pipeline.predict.fitting import nnls_relative
 
 DIRECTIONS = ("forward", "backward")

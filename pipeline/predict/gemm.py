@@ -14,12 +14,12 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from pipeline.dtypes import check_dtype
-from pipeline.errors import BadShapeError, MissingModelError, check_positive_arrays
+from pipeline.core.dtypes import check_dtype
+from pipeline.core.errors import BadShapeError, MissingModelError, check_positive_arrays
 from pipeline.predict.geometry import grid_position
 from pipeline.predict.geometry import waves as count_waves
 from pipeline.predict.selector import KernelSelector
-from pipeline.workloads.ops import GEMM_OPS
+from pipeline.core.ops import GEMM_OPS
 
 
 @dataclass

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from pipeline.errors import MissingModelError
+from pipeline.core.errors import MissingModelError
 from pipeline.predict.gemm import GemmModel
 from pipeline.predict.selector import selection_accuracy
 

@@ -17,8 +17,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from pipeline.dtypes import check_dtype, element_bytes
-from pipeline.errors import BadShapeError, MissingModelError
+from pipeline.core.dtypes import check_dtype, element_bytes
+from pipeline.core.errors import BadShapeError, MissingModelError
 from pipeline.predict.embedding import check_positive, kernel_error_stats
 from pipeline.predict.fitting import nnls_relative
 from pipeline.predict.mlp import Net, search

@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from pipeline.errors import DevcharError
+from pipeline.core.errors import DevcharError
 
 TYPES = ("T1", "T2", "T3", "T4", "T5")
 PAPER_CPU_EVENT_OVERHEAD_US = 2.0  # §III-C, "an empirical value of 2 µs"; platform-specific

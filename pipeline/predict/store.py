@@ -17,8 +17,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from pipeline.errors import MissingModelError
-from pipeline.slugs import check_slug, under
+from pipeline.core.errors import MissingModelError
+from pipeline.core.slugs import check_slug, under
 from pipeline.predict.attention import AttentionModel
 from pipeline.predict.baselines import BASELINES as BASELINE_CLASSES
 from pipeline.predict.embedding import EmbeddingModel
@@ -33,9 +33,9 @@ LOADERS = {"gemm_model": GemmModel.from_dict, "gemm_config_model": GemmConfigMod
            "memory_model": MemoryModel.from_dict, "overhead_model": OverheadModel.from_dict,
            **{name: cls.from_dict for name, cls in BASELINE_CLASSES.items()}}
 BASELINES = tuple(BASELINE_CLASSES)  # the comparison models mlp_baselines fits
-DIR_LOADERS = {"opencl_lm": "pipeline.opencl_models.lm:LMModel",
-               "opencl_scratch": "pipeline.opencl_models.scratch:ScratchModel",
-               "opencl_features": "pipeline.opencl_models.trees:TreesModel"}
+DIR_LOADERS = {"opencl_lm": "pipeline.opencl.models.lm:LMModel",
+               "opencl_scratch": "pipeline.opencl.models.scratch:ScratchModel",
+               "opencl_features": "pipeline.opencl.models.trees:TreesModel"}
 
 
 def new_version(data_hash: str) -> str:

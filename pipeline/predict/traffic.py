@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from pipeline.workloads.ops import UTILITY_OPS
+from pipeline.core.ops import UTILITY_OPS
 
 # op: (input tensors read of the full size, outputs written, flops per element, per-row params read)
 _PROFILE = {

@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from pipeline.dtypes import check_dtype, element_bytes
-from pipeline.errors import BadShapeError, MissingModelError
+from pipeline.core.dtypes import check_dtype, element_bytes
+from pipeline.core.errors import BadShapeError, MissingModelError
 from pipeline.predict.fitting import nnls_relative
 from pipeline.predict.traffic import utility_traffic
-from pipeline.workloads.ops import UTILITY_OPS
+from pipeline.core.ops import UTILITY_OPS
 
 FEATURES = ("const", "bytes", "flops", "rows")
 

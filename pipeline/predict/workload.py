@@ -7,7 +7,7 @@ import numpy as np
 
 from pipeline.predict.gemm import GemmModel
 from pipeline.predict.utility import UtilityModel
-from pipeline.workloads.ops import GemmOp, Op, UtilityOp
+from pipeline.core.ops import GemmOp, Op, UtilityOp
 
 LAYER_TYPE = {"mm": "MM", "bmm": "BMM", "linear": "Linear", "softmax": "Softmax"}
 

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from pipeline.device.discover import DeviceIdentity
-from pipeline.dtypes import dtypes_for, torch_dtype
+from pipeline.core.dtypes import dtypes_for
+from pipeline.harness.dtypes import torch_dtype
 from pipeline.harness.progress import Progress
 from pipeline.harness.timer import measure
 from pipeline.predict.attention import attention_flops

@@ -14,7 +14,7 @@ from ctypes import byref, c_float, c_int, c_size_t, c_uint16, c_uint32, c_uint64
 from pathlib import Path
 
 from pipeline.sweeps import cublaslt_tables as T
-from pipeline.sweeps.cublaslt_lib import WORKSPACE_BYTES, Problem, _check, load
+from pipeline.sweeps.cublaslt_lib import WORKSPACE_BYTES, Problem, check_status, load
 from pipeline.sweeps.cublaslt_tables import CublasLtError, HeuristicResult, MatmulAlgo
 
 __all__ = ["Lt", "Problem", "load", "library_path", "WORKSPACE_BYTES", "CublasLtError"]
@@ -27,10 +27,10 @@ class Lt:
         self.lib = load()
         self.workspace_bytes = int(workspace_bytes)
         self.handle, self.pref = c_void_p(), c_void_p()
-        _check(self.lib.cublasLtCreate(byref(self.handle)), "cublasLtCreate")
-        _check(self.lib.cublasLtMatmulPreferenceCreate(byref(self.pref)), "cublasLtMatmulPreferenceCreate")
+        check_status(self.lib.cublasLtCreate(byref(self.handle)), "cublasLtCreate")
+        check_status(self.lib.cublasLtMatmulPreferenceCreate(byref(self.pref)), "cublasLtMatmulPreferenceCreate")
         ws = c_uint64(self.workspace_bytes)
-        _check(self.lib.cublasLtMatmulPreferenceSetAttribute(self.pref, T.PREF_MAX_WORKSPACE_BYTES, byref(ws), 8),
+        check_status(self.lib.cublasLtMatmulPreferenceSetAttribute(self.pref, T.PREF_MAX_WORKSPACE_BYTES, byref(ws), 8),
                "cublasLtMatmulPreferenceSetAttribute(MAX_WORKSPACE_BYTES)")
 
     def version(self) -> int:
@@ -60,7 +60,7 @@ class Lt:
                                                          results, byref(got))
         if status == 15:  # NOT_SUPPORTED: no algorithm for this problem at all
             return []
-        _check(status, f"cublasLtMatmulAlgoGetHeuristic({prob})")
+        check_status(status, f"cublasLtMatmulAlgoGetHeuristic({prob})")
         return [self.decode(r.algo, r) for r in results[:got.value] if r.state == 0]
 
     def decode(self, algo: MatmulAlgo, result: HeuristicResult | None = None) -> dict:
@@ -82,24 +82,24 @@ class Lt:
         if self.lib.cublasLtMatmulAlgoConfigGetAttribute(byref(algo), attr, None, 0, byref(need)) or not need.value:
             need = c_size_t(nbytes)
         buf, wrote = (ctypes.c_uint8 * max(need.value, nbytes))(), c_size_t(0)
-        _check(self.lib.cublasLtMatmulAlgoConfigGetAttribute(byref(algo), attr, buf, need.value, byref(wrote)),
+        check_status(self.lib.cublasLtMatmulAlgoConfigGetAttribute(byref(algo), attr, buf, need.value, byref(wrote)),
                f"cublasLtMatmulAlgoConfigGetAttribute({name})")
         return int.from_bytes(bytes(buf)[:wrote.value], "little", signed=signed)
 
     def _cap_list(self, algo: MatmulAlgo, attr: int) -> list[int]:
         """An array capability (TILE_IDS, STAGES_IDS) as uint32 values."""
         need = c_size_t(0)
-        _check(self.lib.cublasLtMatmulAlgoCapGetAttribute(byref(algo), attr, None, 0, byref(need)),
+        check_status(self.lib.cublasLtMatmulAlgoCapGetAttribute(byref(algo), attr, None, 0, byref(need)),
                f"cublasLtMatmulAlgoCapGetAttribute({attr}) size")
         buf = (c_uint32 * max(need.value // 4, 1))()
-        _check(self.lib.cublasLtMatmulAlgoCapGetAttribute(byref(algo), attr, buf, need.value, byref(need)),
+        check_status(self.lib.cublasLtMatmulAlgoCapGetAttribute(byref(algo), attr, buf, need.value, byref(need)),
                f"cublasLtMatmulAlgoCapGetAttribute({attr})")
         return list(buf)[: need.value // 4] or [0]
 
     def algo_ids(self, dtype: str, max_ids: int = 512) -> list[int]:
         data, compute = T.lt_types(dtype)
         ids, got = (c_int * max_ids)(), c_int(0)
-        _check(self.lib.cublasLtMatmulAlgoGetIds(self.handle, compute, T.CUDA_R_32F, data, data, data, data,
+        check_status(self.lib.cublasLtMatmulAlgoGetIds(self.handle, compute, T.CUDA_R_32F, data, data, data, data,
                                                  max_ids, ids, byref(got)), f"cublasLtMatmulAlgoGetIds({dtype})")
         return list(ids[:got.value])
 
@@ -110,13 +110,13 @@ class Lt:
             return MatmulAlgo.from_buffer_copy(bytes.fromhex(cfg["algo_hex"]))
         data, compute = T.lt_types(dtype)
         algo = MatmulAlgo()
-        _check(self.lib.cublasLtMatmulAlgoInit(self.handle, compute, T.CUDA_R_32F, data, data, data, data,
+        check_status(self.lib.cublasLtMatmulAlgoInit(self.handle, compute, T.CUDA_R_32F, data, data, data, data,
                                                int(cfg["algo_id"]), byref(algo)),
                f"cublasLtMatmulAlgoInit({cfg['algo_id']})")
         for name, (attr, nbytes, _) in T.CONFIG_ATTRS.items():
             if name != "algo_id" and name in cfg:
                 val = (c_uint16 if nbytes == 2 else c_uint32)(int(cfg[name]))
-                _check(self.lib.cublasLtMatmulAlgoConfigSetAttribute(byref(algo), attr, byref(val), nbytes),
+                check_status(self.lib.cublasLtMatmulAlgoConfigSetAttribute(byref(algo), attr, byref(val), nbytes),
                        f"cublasLtMatmulAlgoConfigSetAttribute({name}={cfg[name]})")
         return algo
 
@@ -185,7 +185,7 @@ class Lt:
             stream = torch.cuda.current_stream().cuda_stream  # the caller's stream, as torch ops use
             status = fn(*args, c_void_p(stream))
             if status:  # the message is built only on failure: this call is what gets timed
-                _check(status, f"cublasLtMatmul({prob})")
+                check_status(status, f"cublasLtMatmul({prob})")
         call.keep = keep  # the tensors and ctypes values the pointers refer to stay alive
         return call
 

@@ -77,7 +77,7 @@ def load():
     return lib
 
 
-def _check(status: int, what: str) -> None:
+def check_status(status: int, what: str) -> None:
     if status != 0:
         raise CublasLtError(f"{what} failed: CUBLAS_STATUS_{T.STATUS.get(status, status)}")
 
@@ -99,24 +99,24 @@ class Problem:
             raise
 
     def _create(self, lib, compute: int, spec: dict) -> None:
-        _check(lib.cublasLtMatmulDescCreate(byref(self.desc), compute, T.CUDA_R_32F), "cublasLtMatmulDescCreate")
+        check_status(lib.cublasLtMatmulDescCreate(byref(self.desc), compute, T.CUDA_R_32F), "cublasLtMatmulDescCreate")
         self._set(T.DESC_TRANSA, c_int32(spec["transa"]))
         self._set(T.DESC_TRANSB, c_int32(spec["transb"]))
         if self.bias:  # bias over torch's N = the rows of cuBLAS's D, which is how this epilogue adds it
             self._set(T.DESC_EPILOGUE, c_uint32(T.EPILOGUE_BIAS))
         for rows, cols, ld, stride in (spec["a"], spec["b"], spec["c"]):
             lay = c_void_p()
-            _check(lib.cublasLtMatrixLayoutCreate(byref(lay), self.data_type, rows, cols, ld),
+            check_status(lib.cublasLtMatrixLayoutCreate(byref(lay), self.data_type, rows, cols, ld),
                    "cublasLtMatrixLayoutCreate")
             self.layouts.append(lay)
             if self.batch > 1:
                 for attr, val in ((T.LAYOUT_BATCH_COUNT, c_int32(self.batch)),
                                   (T.LAYOUT_STRIDED_BATCH_OFFSET, c_int64(stride))):
-                    _check(lib.cublasLtMatrixLayoutSetAttribute(lay, attr, byref(val), ctypes.sizeof(val)),
+                    check_status(lib.cublasLtMatrixLayoutSetAttribute(lay, attr, byref(val), ctypes.sizeof(val)),
                            f"cublasLtMatrixLayoutSetAttribute({attr})")
 
     def _set(self, attr: int, val) -> None:
-        _check(self.lt.lib.cublasLtMatmulDescSetAttribute(self.desc, attr, byref(val), ctypes.sizeof(val)),
+        check_status(self.lt.lib.cublasLtMatmulDescSetAttribute(self.desc, attr, byref(val), ctypes.sizeof(val)),
                f"cublasLtMatmulDescSetAttribute({attr})")
 
     def descriptors(self) -> tuple:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import ctypes
 import re
 
-from pipeline.errors import DevcharError, UnknownDtypeError
+from pipeline.core.errors import DevcharError, UnknownDtypeError
 
 
 class CublasLtError(DevcharError, RuntimeError):

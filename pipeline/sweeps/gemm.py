@@ -10,14 +10,15 @@ from dataclasses import dataclass
 import numpy as np
 
 from pipeline.device.discover import DeviceIdentity
-from pipeline.dtypes import dtypes_for, torch_dtype
+from pipeline.core.dtypes import dtypes_for
+from pipeline.harness.dtypes import torch_dtype
 from pipeline.harness.progress import Progress
 from pipeline.harness.stalls import remeasure_stalled
 from pipeline.harness.timer import measure
 from pipeline.predict.geometry import blocks, waves, whole_wave_shape
 from pipeline.sweeps.cpu_kernels import ATEN_KERNEL, cpu_kernel_name
 from pipeline.sweeps.profiles import Profile, wave_counts
-from pipeline.workloads.ops import GEMM_OPS
+from pipeline.core.ops import GEMM_OPS
 
 # Nominal tile used to lay out whole waves. On CUDA the tile actually used is parsed from
 # the kernel name where it says. On the CPU the padding steps of M and N are measured per

@@ -19,7 +19,7 @@ from dataclasses import replace
 import numpy as np
 
 from pipeline.device.discover import DeviceIdentity
-from pipeline.errors import DevcharError
+from pipeline.core.errors import DevcharError
 from pipeline.harness.progress import Progress
 from pipeline.harness.timer import measure
 from pipeline.predict.geometry import near_square
@@ -77,7 +77,7 @@ def torch_shapes(op: str, layout: str, b: int, m: int, n: int, k: int) -> tuple[
 def _tensors(op: str, layout: str, bias: bool, dtype: str, b: int, m: int, n: int, k: int, device: str = "cuda"):
     import torch
 
-    from pipeline.dtypes import torch_dtype
+    from pipeline.harness.dtypes import torch_dtype
 
     torch.manual_seed(0)
     kw = dict(dtype=torch_dtype(dtype), device=device)

@@ -26,7 +26,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from pipeline.device.discover import DeviceIdentity
-from pipeline.dtypes import element_bytes, torch_dtype
+from pipeline.core.dtypes import element_bytes
+from pipeline.harness.dtypes import torch_dtype
 from pipeline.harness.progress import Progress
 from pipeline.harness.stalls import remeasure_stalled
 from pipeline.harness.timer import TimingSpec, measure

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from pipeline.errors import DevcharError
+from pipeline.core.errors import DevcharError
 from pipeline.harness.timer import TimingSpec
 
 

@@ -1,4 +1,4 @@
-"""reference_timings: the peer GEMM shapes (NeuSight fp32, Vidur fp16; pipeline/reference.py)
+"""reference_timings: the peer GEMM shapes (NeuSight fp32, Vidur fp16; pipeline/analysis/reference.py)
 timed here, so devchar's error on them can be told apart from lab-to-lab difference.
 
 NeuSight measured with TF32 off: float32 rows run with TF32 off. The profile caps the number
@@ -11,7 +11,7 @@ import pandas as pd
 from pipeline.device.discover import DeviceIdentity
 from pipeline.harness.progress import Progress
 from pipeline.harness.timer import measure
-from pipeline.reference import REFERENCE_SHAPES, SHAPE_COLS
+from pipeline.analysis.reference import REFERENCE_SHAPES, SHAPE_COLS
 from pipeline.sweeps.gemm import gemm_callable, kernel_namer, set_tf32
 from pipeline.sweeps.profiles import Profile
 

@@ -14,13 +14,13 @@ import json
 from pipeline.device.discover import DeviceIdentity
 from pipeline.harness.progress import Progress
 from pipeline.sweeps.profiles import Profile
-from pipeline.workloads.catalog import workload_entries
+from pipeline.sweeps.catalog import workload_entries
 
 
 def sweep_traces(dev: DeviceIdentity, profile: Profile, log=None, dtype: str = "float32") -> dict[str, list[dict]]:
     from pipeline.workloads.capture import capture
     from pipeline.workloads.host_time import cpu_overheads, gpu_overheads, measure_profiler_overhead
-    from pipeline.workloads.price_recsys import RecsysOps
+    from pipeline.predict.price_recsys import RecsysOps
 
     todo = workload_entries(profile)
     ovh = measure_profiler_overhead()

@@ -4,13 +4,14 @@ from __future__ import annotations
 import numpy as np
 
 from pipeline.device.discover import DeviceIdentity
-from pipeline.dtypes import dtypes_for, element_bytes, torch_dtype
+from pipeline.core.dtypes import dtypes_for, element_bytes
+from pipeline.harness.dtypes import torch_dtype
 from pipeline.harness.progress import Progress
 from pipeline.harness.stalls import remeasure_stalled
 from pipeline.harness.timer import measure
 from pipeline.predict.traffic import utility_traffic
 from pipeline.sweeps.profiles import Profile
-from pipeline.workloads.ops import UTILITY_OPS
+from pipeline.core.ops import UTILITY_OPS
 
 # Small widths too: reductions over fewer than 16 columns run a scalar kernel on the CPU
 # (softmax 15x slower per element), a regime the model must see to split on it.

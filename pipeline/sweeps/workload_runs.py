@@ -5,7 +5,7 @@ from __future__ import annotations
 from pipeline.device.discover import DeviceIdentity
 from pipeline.harness.progress import Progress
 from pipeline.sweeps.profiles import Profile
-from pipeline.workloads.catalog import workload_entries
+from pipeline.sweeps.catalog import workload_entries
 
 
 def sweep_workloads(dev: DeviceIdentity, profile: Profile, log=None, dtype: str = "float32") -> list[dict]:

@@ -30,7 +30,7 @@ import os
 import tempfile
 from typing import Any, Callable
 
-from pipeline.predict.graph import ExecutionGraph, Kernel, Op
+from pipeline.core.graph import ExecutionGraph, Kernel, Op
 
 _EPS_US = 1e-3  # Chrome-trace times are µs with ns digits: tolerate rounding in containment
 # Profiler / execution-trace dtype spellings -> devchar / torch names.

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pipeline.errors import BadShapeError, check_dims
+from pipeline.core.errors import BadShapeError, check_dims
 
 
 @dataclass(frozen=True)

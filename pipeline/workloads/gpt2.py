@@ -25,8 +25,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pipeline.errors import BadShapeError, check_dims
-from pipeline.workloads.ops import GemmOp, Op, UtilityOp
+from pipeline.core.errors import BadShapeError, check_dims
+from pipeline.core.ops import GemmOp, Op, UtilityOp
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """Build and time a randomly initialised GPT-2 (torch + transformers; nothing is downloaded)."""
 from __future__ import annotations
 
-from pipeline.dtypes import torch_dtype
+from pipeline.harness.dtypes import torch_dtype
 from pipeline.harness.timer import Measurement, TimingSpec, measure_step
 from pipeline.workloads.gpt2 import GPT2Spec, check_batch_seq
 

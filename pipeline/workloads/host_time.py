@@ -21,9 +21,9 @@ import time
 
 import pandas as pd
 
-from pipeline.predict.graph import ExecutionGraph
+from pipeline.core.graph import ExecutionGraph
 from pipeline.predict.overheads import extract_overheads
-from pipeline.workloads.price import ExtraOps, classify_graph
+from pipeline.predict.price import ExtraOps, classify_graph
 
 WORK = ("priced", "covered")
 

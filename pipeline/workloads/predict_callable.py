@@ -20,12 +20,13 @@ from typing import Any
 
 import pandas as pd
 
-from pipeline.errors import BadConfigError, BadShapeError, check_dims
-from pipeline.dtypes import element_bytes, torch_dtype
+from pipeline.core.errors import BadConfigError, BadShapeError, check_dims
+from pipeline.core.dtypes import element_bytes
+from pipeline.harness.dtypes import torch_dtype
 from pipeline.predict.critical_path import critical_path
 from pipeline.predict.overheads import OverheadModel
 from pipeline.workloads.capture import capture
-from pipeline.workloads.price import price_graph
+from pipeline.predict.price import price_graph
 
 NO_OVERHEADS = OverheadModel(individual={}, shared={})  # every T-type 0: kernels only
 GIB = float(1 << 30)

@@ -1,0 +1,101 @@
+"""The text summary `devchar run` prints: device, held-out model errors, GPT-2 predicted vs measured."""
+from __future__ import annotations
+
+
+def _present(x) -> bool:
+    import pandas as pd
+
+    return not pd.isna(x)
+
+
+def _fmt_flops(x) -> str:
+    return f"{x / 1e12:.2f} TFLOP/s" if _present(x) else "-"
+
+
+def render_summary(warehouse, device: str) -> str:
+    lines = [f"\n== device {device} =="]
+    if warehouse.has_table("devices"):
+        d = warehouse.query("SELECT * FROM devices WHERE device = ?", [device])
+        if not d.empty:
+            r = d.iloc[0]
+            units = f"{r['sm_count']} SMs" if r["kind"] == "cuda" else f"{r['threads']} threads"
+            lines.append(f"{r['model']} ({r['kind']}, {units}), torch {r['torch_version']}")
+            peaks = ", ".join(f"{dt} {_fmt_flops(r[f'peak_flops_{dt}'])}" for dt in
+                              ("float32", "tf32", "bfloat16", "float16") if _present(r.get(f"peak_flops_{dt}")))
+            lines.append(f"measured peaks: {peaks}; copy bandwidth {r['bandwidth_gbps']:.1f} GB/s")
+    e = None
+    if warehouse.has_table("model_errors"):
+        e = warehouse.query("SELECT model, layer_type, dtype, n, mean_rel_err, max_rel_err FROM model_errors "
+                            "WHERE device = ? ORDER BY dtype, layer_type", [device])
+    if e is None or not (e["model"] == "devchar").any():
+        lines.append(_fitted_errors(device))  # model_evaluation did not run: what each fit measured itself
+    if e is not None and not e.empty:
+        lines.append("\n-- held-out error per layer type (PM2Lat Table II analog; shapes never fitted) --")
+        own = e[e["model"] == "devchar"].drop(columns="model")
+        lines.append(own.to_string(index=False, formatters={"mean_rel_err": "{:.1%}".format,
+                                                            "max_rel_err": "{:.1%}".format}))
+        if e["model"].nunique() > 1:
+            lines.append("\n-- mean relative error, devchar beside the baselines --")
+            pivot = e.pivot_table(index=["layer_type", "dtype"], columns="model", values="mean_rel_err")
+            lines.append(pivot.map(lambda v: "-" if v != v else f"{v:.1%}").to_string())
+    if warehouse.has_table("predictions"):
+        p = warehouse.query("SELECT * FROM predictions WHERE device = ? ORDER BY workload, config, batch, seq",
+                            [device])
+        for workload, g in p.groupby("workload", sort=False):
+            lines.append(_workload_section(workload, g))
+    return "\n".join(lines)
+
+
+_TITLES = {"gpt2": "GPT-2 forward", "dlrm": "DLRM training step"}
+
+
+def _workload_section(workload: str, p) -> str:
+    """Predicted vs measured per run, one column per predictor, and Table V's summary."""
+    from pipeline.predict.graph_predict import table_v
+
+    wide = p.pivot_table(index=["config", "batch", "seq", "measured_ms"], columns="predictor", values="rel_err")
+    wide = wide.reset_index()
+    fmt = {c: "{:+.1%}".format for c in wide.columns if c not in ("config", "batch", "seq", "measured_ms")}
+    fmt["measured_ms"] = "{:.2f}".format
+    tv = table_v(p)
+    out = [f"\n-- {_TITLES.get(workload, workload)}: error of each predictor against the measured step (ms) --",
+           wide.to_string(index=False, formatters=fmt),
+           "\nper predictor (DLRM paper Table V style): geomean / min / max |error|"]
+    out += [f"  {r.predictor}: {r.geomean_abs_err:.1%} / {r.min_abs_err:.1%} / {r.max_abs_err:.1%} (n={r.n})"
+            for r in tv.itertuples()]
+    return "\n".join(out)
+
+
+FITTED = ("gemm_model", "utility_model", "attention_model")
+
+
+def _fitted_errors(device: str) -> str:
+    """Held-out errors from each model's newest saved version, passed or not: the Table II
+    section is never empty when a fit ran but a failed check stopped the evaluation."""
+    import json
+
+    import pandas as pd
+
+    from pipeline.core.config import model_store_root
+    from pipeline.core.errors import DevcharError
+    from pipeline.predict import store
+    from pipeline.core.slugs import under
+
+    frames = []
+    for name in FITTED:
+        try:
+            found = store.versions(model_store_root(), device, name)
+        except DevcharError:
+            found = []
+        if not found:
+            continue
+        meta = json.loads(under(model_store_root(), device, name, found[-1], "meta.json").read_text())
+        verdict = "passed" if meta.get("heldout_check_passed", True) else "FAILED its check"
+        frames.append(pd.DataFrame(meta.get("errors", [])).assign(model=f"{name} ({verdict})"))
+    if not frames:
+        return "\n-- held-out error: no model was fitted --"
+    df = pd.concat(frames, ignore_index=True)
+    cols = [c for c in ("model", "op", "dtype", "n", "median_rel_err", "mean_rel_err", "max_rel_err") if c in df]
+    pct = {c: "{:.1%}".format for c in cols if c.endswith("_rel_err")}
+    return ("\n-- held-out error per (op, dtype), from each fit (the evaluation did not run) --\n"
+            + df[cols].to_string(index=False, formatters=pct))

@@ -1,0 +1,333 @@
+"""`devchar`: run (characterize + fit + predict the local device), predict, sql, ui, load."""
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from pipeline.cli.common import local_slug, prepare_home, warehouse
+from pipeline.core.config import REPO_ROOT, devchar_home, mlflow_uri
+from pipeline.core.errors import DevcharError
+
+LOCAL_KINDS = ("auto", "cpu", "cuda")
+
+
+def cmd_run(args) -> int:
+    if args.profile:
+        os.environ["DEVCHAR_PROFILE"] = args.profile
+    prepare_home()
+    import dagster as dg
+
+    from pipeline.definitions import defs
+    from pipeline.orchestration.partitions import devices
+
+    if args.device in LOCAL_KINDS:
+        from pipeline.device.discover import identify
+
+        slug, source, selection = identify(args.device).slug, "measured", None
+    else:
+        slug, selection = _reference_plan(args.device)
+        from resources.devices import reference_dir
+
+        source = f"from its committed calibration {reference_dir(slug)}"
+    instance = dg.DagsterInstance.get()
+    if not instance.has_dynamic_partition(devices.name, slug):
+        instance.add_dynamic_partitions(devices.name, [slug])
+    print(f"devchar: characterizing {slug} ({source}; profile {os.environ.get('DEVCHAR_PROFILE', 'quick')}); "
+          f"state in {devchar_home()}", flush=True)
+    run_config = {"loggers": {"console": {"config": {"log_level": args.log_level}}}}
+    if selection is not None:
+        run_config["resources"] = {"device_runner": {"config": {"source": "reference"}}}
+    result = defs.resolve_job_def("characterize_device").execute_in_process(
+        partition_key=slug, instance=instance, raise_on_error=False, run_config=run_config,
+        asset_selection=selection)
+    if selection is not None:
+        _load_reference_only_tables(slug)
+    print(summary(slug))
+    return _report_run(result, slug)
+
+
+def _report_run(result, slug: str) -> int:
+    """cmd_run's verdict on a finished run: 0, 130 for an interrupted one (told as such, not as
+    the steps the interrupt stopped), 1 for a failure, explained (pipeline/analysis/run_report.py)."""
+    from pipeline.analysis.run_report import device_threads, explain_failure, failures, interrupted_steps, noisy_shares
+
+    interrupted = interrupted_steps(result.all_events)
+    if interrupted is not None:
+        where = f" in {interrupted}" if interrupted else ""
+        print(f"devchar: run {result.run_id} interrupted{where}; each table and model is written whole or not "
+              "at all, so what finished before it is kept: run `devchar run` again to finish", file=sys.stderr)
+        return 130
+    checks, steps = failures(result.all_events)
+    if not result.success or any(c.blocking for c in checks):
+        wh = warehouse()
+        where = [c.asset for c in checks if c.blocking] + [s.step for s in steps]
+        print(f"devchar: run {result.run_id} failed at {where}; its logs: `make ui`", file=sys.stderr)
+        print(explain_failure(checks, steps, noisy_shares(wh, slug), device_threads(wh, slug)), file=sys.stderr)
+        return 1
+    return 0
+
+
+def _reference_plan(slug: str):
+    """(slug, asset keys) for a run from a committed calibration: every asset whose sweep's
+    tables the calibration holds, and what depends only on those."""
+    from pipeline.definitions import defs
+    from pipeline.orchestration.jobs import selection_without
+    from pipeline.runner import SWEEPS, tables_of
+    from resources.devices import committed_references, reference_tables
+
+    known = committed_references()
+    if slug not in known:
+        raise DevcharError(f"--device {slug!r} is neither a local kind ({', '.join(LOCAL_KINDS)}) nor a committed "
+                           f"reference calibration under models_store/reference/; committed: {known or 'none'}")
+    have = reference_tables(slug)
+    missing = {sweep for sweep in SWEEPS if not set(tables_of(sweep)) <= have}
+    keys = selection_without(missing).resolve(defs.resolve_asset_graph())
+    if missing:
+        print(f"devchar: {slug}: no {', '.join(sorted(SWEEPS[s] for s in missing))} in its calibration: "
+              "those assets and their dependents are skipped", flush=True)
+    return slug, sorted(keys, key=lambda k: k.path)
+
+
+def _load_reference_only_tables(slug: str) -> None:
+    """Tables no asset fills (the peer shapes timed there) go straight to the warehouse."""
+    from resources.devices import read_rows, reference_file
+
+    path = reference_file(slug, "reference_timings")
+    if path is not None:
+        rows = read_rows(path).assign(device=slug)
+        warehouse().replace_partition("reference_timings", slug, rows)
+        print(f"devchar: reference_timings: {len(rows)} rows for {slug}")
+
+
+def summary(device: str) -> str:
+    from pipeline.analysis.report import render_summary
+
+    return render_summary(warehouse(), device)
+
+
+def cmd_predict(args) -> int:
+    if args.hf_config or args.module:
+        from pipeline.cli.predict import predict_captured
+
+        return predict_captured(args)
+    from pipeline.predict import store
+    from pipeline.predict.workload import extrapolation, extrapolation_warnings, predict_ops
+    from pipeline.workloads.gpt2 import GPT2Spec, gpt2_ops
+    from pipeline.core.config import model_store_root
+    from pipeline.core.dtypes import check_dtype
+
+    spec = GPT2Spec(args.name, args.layers, args.hidden, args.heads, args.vocab)
+    ops = gpt2_ops(spec, args.batch, args.seq, bias_copy=args.device.startswith("cpu"))  # validates first
+    gemm = store.load(model_store_root(), args.device, "gemm_model")
+    utility = store.load(model_store_root(), args.device, "utility_model")
+    dtype = check_dtype(args.dtype)
+    total, by_type = predict_ops(ops, dtype, gemm, utility)
+    parts = ", ".join(f"{k} {v / 1e3:.2f}" for k, v in sorted(by_type.items()))
+    print(f"{spec.name} batch={args.batch} seq={args.seq} on {args.device}: predicted {total / 1e3:.2f} ms ({parts})")
+    for line in extrapolation_warnings(extrapolation(ops, dtype, gemm)):
+        print(f"devchar: warning: {line}", file=sys.stderr)
+    return 0
+
+
+def cmd_sql(args) -> int:
+    """One read-only statement (DuckDBWarehouse.user_query); errors are one line."""
+    import pandas as pd
+
+    df = warehouse().user_query(args.query)
+    with pd.option_context("display.max_rows", 200, "display.width", 200, "display.max_columns", 30):
+        print(df.to_string(index=False))
+    return 0
+
+
+def _is_loopback(host: str) -> bool:
+    import ipaddress
+
+    if host.lower() in ("localhost", "localhost.localdomain"):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:  # a host name: it may resolve to any interface
+        return False
+
+
+def cmd_ui(args) -> int:
+    prepare_home()
+    if not _is_loopback(args.host):
+        print(f"devchar: warning: --host {args.host} serves the Dagster UI and its GraphQL API, which has no "
+              "authentication, to the network: anyone who reaches the port can launch runs and wipe partitions. "
+              "Serve it on 127.0.0.1, or behind a proxy that authenticates.", file=sys.stderr)
+    print(f"Dagster UI on http://{args.host}:{args.port}  (MLflow: mlflow ui --backend-store-uri {mlflow_uri()})")
+    return subprocess.call([sys.executable, "-m", "dagster", "dev", "-w", str(REPO_ROOT / "workspace.yaml"),
+                            "-h", args.host, "-p", str(args.port)], cwd=REPO_ROOT)
+
+
+def _load_parts(directory: Path) -> list[tuple]:
+    """(table, device, rows) for every runner file in `directory`, each checked against the
+    table contract (pipeline/core/tables.py) before anything is written. The runner's resume file
+    (checkpoint-*.jsonl) and files that are not .parquet/.jsonl are passed over."""
+    from pipeline.runner import SWEEPS, tables_of
+    from pipeline.core.tables import validate
+    from resources.devices import read_rows
+
+    if not directory.is_dir():
+        raise DevcharError(f"no such directory: {directory}")
+    known, seen, parts = sorted({t for sweep in SWEEPS for t in tables_of(sweep)}), {}, []
+    for path in sorted(directory.iterdir()):
+        if path.suffix not in (".parquet", ".jsonl") or path.name.startswith("checkpoint-") or not path.is_file():
+            continue
+        table = path.stem
+        if table not in known:
+            raise DevcharError(f"{path}: no table {table!r}; runner files are <table>.parquet or .jsonl for {known}")
+        if table in seen:
+            raise DevcharError(f"{path}: {table} is also in {seen[table]}; keep one file per table")
+        seen[table] = path.name
+        try:
+            df = read_rows(path)
+        except (OSError, ValueError) as exc:
+            raise DevcharError(f"{path}: cannot read it: {' '.join(str(exc).split())}") from exc
+        validate(table, df, str(path))
+        parts += [(table, str(device), rows) for device, rows in df.groupby("device", sort=True)]
+    if not parts:
+        raise DevcharError(f"{directory} holds no runner output (<table>.parquet or .jsonl for {known})")
+    return parts
+
+
+def cmd_load(args) -> int:
+    """Load a runner output directory (e.g. a GPU node's parquet) into the warehouse: every file
+    is validated first, then all of them replace their devices' rows in one transaction."""
+    parts = _load_parts(Path(args.dir))
+    warehouse().replace_partitions(parts)
+    for table, device, rows in parts:
+        print(f"loaded {table}: {len(rows)} rows for {device}")
+    return 0
+
+
+def cmd_bench_predict(args) -> int:
+    from pipeline.analysis.bench import bench_predict
+    from pipeline.core.config import model_store_root
+    from pipeline.predict import store
+
+    device = local_slug(args.device)
+    gemm = store.load(model_store_root(), device, "gemm_model")
+    baselines = {}
+    for name in store.BASELINES:
+        try:
+            baselines[name] = store.load(model_store_root(), device, name)
+        except DevcharError as exc:
+            print(f"{name}: skipped ({exc})", file=sys.stderr)
+    for name, per_s in bench_predict(gemm, baselines, n_vector=args.n).items():
+        print(f"{name}: {per_s:,.0f} predictions/s")
+    return 0
+
+
+def cmd_predict_grid(args) -> int:
+    from pipeline.core.config import model_store_root
+    from pipeline.analysis.grid_cache import TABLE, LayerGrid, write_grid
+    from pipeline.predict import store
+
+    device = local_slug(args.device)
+    grid = LayerGrid(tuple(int(f) for f in args.features.split(",")) if args.features else LayerGrid.features,
+                     args.batch_max, args.seq_min, args.seq_max, args.seq_step)
+    gemm = store.load(model_store_root(), device, "gemm_model")
+    print(f"predict-grid: {grid.rows:,} {args.op} {args.dtype} shapes for {device} -> {TABLE}", flush=True)
+    with warehouse().connect() as con:
+        rows, secs = write_grid(con, gemm, device, grid, args.op, args.dtype)
+    print(f"predict-grid: {rows:,} rows in {secs:.1f} s ({rows / secs:,.0f} rows/s)")
+    return 0
+
+
+def _lazy(name: str):
+    """A command from cli_predict, imported only when it runs (keeps `devchar --help` quick)."""
+    from pipeline.cli import predict as cli_predict
+
+    return getattr(cli_predict, name)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="devchar", description="Characterize a device and predict DL workload latency.")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run", help="characterize a device, fit, predict, print a summary")
+    r.add_argument("--device", default="auto",
+                   help="auto, cpu or cuda (measure this machine), or the slug of a committed reference "
+                        "calibration under models_store/reference/ (fit and predict from it, measure nothing)")
+    r.add_argument("--profile", default=None, help="tiny, quick (default) or full")
+    r.add_argument("--log-level", default="INFO", help="Dagster console log level (DEBUG shows every event)")
+    r.set_defaults(fn=cmd_run)
+    p = sub.add_parser("predict", help="predict a GPT-2-family forward pass with a device's saved models")
+    p.add_argument("--device", required=True, help="device slug (see `devchar sql 'select name from devices'`)")
+    p.add_argument("--name", default="custom")
+    p.add_argument("--layers", type=int, default=12)
+    p.add_argument("--hidden", type=int, default=768)
+    p.add_argument("--heads", type=int, default=12)
+    p.add_argument("--vocab", type=int, default=50257)
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--seq", type=int, default=128)
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--hf-config", default=None, help="a Hugging Face config.json (any causal LM; random weights)")
+    p.add_argument("--module", default=None, help="pkg.module:factory returning (module_or_callable, inputs)")
+    p.add_argument("--measure", action="store_true", help="also run it here and print the measured time")
+    p.set_defaults(fn=cmd_predict)
+    s = sub.add_parser("sql", help="run one read-only SQL statement against the DuckDB warehouse")
+    s.add_argument("query", help="exactly one statement; it can read the warehouse's tables and nothing else")
+    s.set_defaults(fn=cmd_sql)
+    u = sub.add_parser("ui", help="serve the Dagster UI (dagster dev)")
+    u.add_argument("--host", default="127.0.0.1")
+    u.add_argument("--port", type=int, default=3000)
+    u.set_defaults(fn=cmd_ui)
+    bp = sub.add_parser("bench-predict", help="predictions per second: vectorized, per-shape loop, baselines")
+    bp.add_argument("--device", default=None, help="device slug (default: the local device)")
+    bp.add_argument("--n", type=int, default=10_000_000, help="shapes for the vectorized run")
+    bp.set_defaults(fn=cmd_bench_predict)
+    pg = sub.add_parser("predict-grid", help="cache one MatMul layer's predictions over a NAS grid in DuckDB")
+    pg.add_argument("--device", default=None, help="device slug (default: the local device)")
+    pg.add_argument("--op", default="linear")
+    pg.add_argument("--dtype", default="float32")
+    pg.add_argument("--features", default=None, help="comma-separated in/out feature choices (default: 14 sizes)")
+    pg.add_argument("--batch-max", type=int, default=256)
+    pg.add_argument("--seq-min", type=int, default=64)
+    pg.add_argument("--seq-max", type=int, default=8192)
+    pg.add_argument("--seq-step", type=int, default=64, help="1 gives PM2Lat's full 400M-row grid")
+    pg.set_defaults(fn=cmd_predict_grid)
+    w = sub.add_parser("what-if", help="predict a captured workload at another batch size or with fused lookups")
+    w.add_argument("--device", default=None, help="device slug (default: the local device)")
+    w.add_argument("--config", required=True, help="a traced config, e.g. dlrm_default-cpu or gpt2-2l-256")
+    w.add_argument("--batch", type=int, required=True, help="the captured batch size to start from")
+    w.add_argument("--new-batch", type=int, default=None, help="predict at this batch size instead")
+    w.add_argument("--fuse-embeddings", action="store_true", help="one batched EmbeddingBag (DLRM paper Fig. 11)")
+    w.add_argument("--measure", action="store_true", help="also run the transformed DLRM here and time it")
+    w.add_argument("--breakdown", action="store_true",
+                   help="per op kind: traced self time in the captured run beside the predicted time")
+    w.set_defaults(fn=lambda a: _lazy("cmd_what_if")(a))
+    rf = sub.add_parser("reference", help="devchar's GEMM error on the peer H100 shapes (NeuSight fp32, Vidur fp16)")
+    rf.add_argument("--device", default=None, help="device slug (default: the local device)")
+    rf.set_defaults(fn=lambda a: _lazy("cmd_reference")(a))
+    ld = sub.add_parser("load", help="validate a `python -m pipeline.runner` output directory, then load it into "
+                                     "DuckDB (all or nothing)")
+    ld.add_argument("dir", help="holds <table>.parquet or <table>.jsonl files")
+    ld.set_defaults(fn=cmd_load)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = build_parser()
+    ap.add_argument("--debug", action="store_true", help="show a traceback instead of a one-line error")
+    args = ap.parse_args(argv)
+    try:
+        return args.fn(args)
+    except DevcharError as exc:
+        if args.debug:
+            raise
+        print(f"devchar: error: {' '.join(str(exc).split())}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        if args.debug:
+            raise
+        print(f"devchar: {args.cmd} interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

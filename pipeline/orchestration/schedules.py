@@ -1,0 +1,17 @@
+"""Weekly re-calibration of every registered device."""
+import os
+
+import dagster as dg
+
+from pipeline.orchestration.jobs import recalibrate
+from pipeline.orchestration.partitions import devices
+
+
+@dg.schedule(job=recalibrate, cron_schedule=os.environ.get("DEVCHAR_RECALIBRATE_CRON", "0 3 * * 1"),
+             default_status=dg.DefaultScheduleStatus.STOPPED)
+def weekly_recalibration(context: dg.ScheduleEvaluationContext):
+    keys = devices.get_partition_keys(dynamic_partitions_store=context.instance)
+    if not keys:
+        return dg.SkipReason("no device registered yet: run `devchar run` or turn on local_device_sensor")
+    stamp = context.scheduled_execution_time.strftime("%Y%m%d")
+    return [dg.RunRequest(partition_key=k, run_key=f"recalibrate-{k}-{stamp}") for k in keys]

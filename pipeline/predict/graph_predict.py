@@ -1,0 +1,129 @@
+"""End-to-end prediction of a captured workload: re-price its graph, then Algorithm 1 with
+host overheads that never come from the workload's own trace (no torch, no dagster).
+
+Three predictors per (workload, config, batch, seq), as the DLRM paper's Table V:
+  kernel_only     the sum of predicted kernel times (GPU active time; PM2Lat's method);
+  e2e_individual  Algorithm 1 with the overheads of the same model (config) traced at its
+                  *other* batch sizes / sequence lengths — never this run's own trace;
+  e2e_shared      Algorithm 1 with overheads pooled over every *other* workload config
+                  (leave-one-workload-out), what a never-seen model gets.
+"""
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pandas as pd
+
+from pipeline.core.errors import DevcharError
+from pipeline.predict.critical_path import critical_path
+from pipeline.core.graph import ExecutionGraph
+from pipeline.predict.overheads import OverheadModel
+from pipeline.predict.price import price_graph
+from pipeline.predict.price_recsys import RecsysOps
+
+KEY = ["workload", "config", "batch", "seq", "mode"]
+PREDICTORS = ("kernel_only", "e2e_individual", "e2e_shared")
+
+
+def load_graph(graph_json: str) -> tuple[ExecutionGraph, dict, dict]:
+    """(graph, shapes, scalars) from a workload_graphs row; JSON turned op-id keys into strings."""
+    try:
+        d = json.loads(graph_json)
+        graph = ExecutionGraph.from_dict(d["graph"])
+        shapes = {int(k): v for k, v in d.get("shapes", {}).items()}
+        scalars = {int(k): v for k, v in d.get("scalars", {}).items()}
+    except (ValueError, KeyError, TypeError) as e:
+        raise DevcharError(f"workload graph JSON is unreadable: {e}") from None
+    return graph, shapes, scalars
+
+
+def overheads_for(samples: pd.DataFrame, key: dict) -> dict[str, OverheadModel | None]:
+    """The two overhead models for one run (None where no trace qualifies)."""
+    same_cfg = (samples["workload"] == key["workload"]) & (samples["config"] == key["config"])
+    this_run = same_cfg & (samples["batch"] == key["batch"]) & (samples["seq"] == key["seq"])
+    individual = samples[same_cfg & ~this_run]
+    shared = samples[~same_cfg]
+    return {"e2e_individual": OverheadModel.fit(individual) if len(individual) else None,
+            "e2e_shared": OverheadModel.fit(shared) if len(shared) else None}
+
+
+def predict_graph(graph: ExecutionGraph, shapes: dict, scalars: dict, models: dict, dtype: str,
+                  overheads: dict[str, OverheadModel | None], synchronous: bool) -> dict:
+    """Predicted µs per predictor, plus the priced graph's coverage (price.py)."""
+    extra = RecsysOps(models.get("embedding_model"), models.get("memory_model"))
+    priced, cov = price_graph(graph, shapes, models["gemm_model"], models["utility_model"], dtype,
+                              scalars=scalars, extra=extra, synchronous=synchronous)
+    out = {"kernel_only": critical_path(priced, OverheadModel({}, {}), synchronous=synchronous).active_us}
+    for name, model in overheads.items():
+        if model is not None:
+            e2e = critical_path(priced, model, synchronous=synchronous)
+            out[name] = e2e.e2e_us
+            out[f"{name}_bound"] = e2e.bound
+    out["coverage"] = cov
+    return out
+
+
+def predict_runs(runs: pd.DataFrame, graphs: pd.DataFrame, samples: pd.DataFrame, models: dict,
+                 synchronous: bool) -> pd.DataFrame:
+    """One row per (measured run with a captured graph) x predictor: the `predictions` rows."""
+    g_by_key = {tuple(r[k] for k in KEY): r for r in graphs.to_dict("records")}
+    rows = []
+    for run in runs.to_dict("records"):
+        g = g_by_key.get(tuple(run[k] for k in KEY))
+        if g is None:
+            continue
+        graph, shapes, scalars = load_graph(g["graph_json"])
+        key = {k: run[k] for k in KEY}
+        got = predict_graph(graph, shapes, scalars, models, run["dtype"], overheads_for(samples, key), synchronous)
+        cov = got["coverage"]
+        active_measured = (cov["priced_us"] + cov["covered_us"]) / 1e3  # traced self time of modeled work
+        for p in PREDICTORS:
+            if p not in got:
+                continue
+            rows.append({**key, "dtype": run["dtype"], "predictor": p, "predicted_ms": got[p] / 1e3,
+                         "measured_ms": float(run["measured_ms"]), "kernel_only_ms": got["kernel_only"] / 1e3,
+                         "active_measured_ms": active_measured, "bound": got.get(f"{p}_bound", ""),
+                         "priced_share": cov["priced_share"] + cov["covered_share"],
+                         "dropped_share": cov["dropped_share"]})
+    out = pd.DataFrame(rows)
+    if out.empty:
+        raise DevcharError("no measured run has a captured graph: materialize workload_runs and overhead_samples "
+                           "with the same profile")
+    return out.assign(rel_err=(out["predicted_ms"] - out["measured_ms"]) / out["measured_ms"])
+
+
+def op_breakdown(coverage: dict) -> pd.DataFrame:
+    """Per (op, model op, fate): count, traced self time, predicted time and their ratio, largest
+    traced first: where a kernel sum parts from the run its graph was captured from."""
+    ops = pd.DataFrame(coverage["ops"])
+    if ops.empty:
+        return ops
+    ops["model_op"] = ops["model_op"].fillna("-")
+    out = (ops.groupby(["name", "model_op", "status"], as_index=False)
+           .agg(count=("id", "size"), traced_us=("measured_us", "sum"), predicted_us=("predicted_us", "sum")))
+    out["predicted_over_traced"] = out["predicted_us"] / out["traced_us"].where(out["traced_us"] > 0)
+    out["share_of_traced"] = out["traced_us"] / max(float(out["traced_us"].sum()), 1e-9)
+    return out.sort_values("traced_us", ascending=False).reset_index(drop=True)
+
+
+def table_v(pred: pd.DataFrame) -> pd.DataFrame:
+    """Per predictor: geomean, min and max |relative error| (DLRM paper Table V), plus the
+    active-time error of the kernel sum against the traced time of the same ops."""
+    rows = []
+    for p, g in pred.groupby("predictor", sort=False):
+        err = np.abs(g["rel_err"].to_numpy())
+        rows.append({"predictor": p, "n": len(g), "geomean_abs_err": _geomean(err),
+                     "min_abs_err": float(err.min()), "max_abs_err": float(err.max())})
+    k = pred[pred["predictor"] == "kernel_only"]
+    if len(k):
+        err = np.abs((k["kernel_only_ms"] - k["active_measured_ms"]) / k["active_measured_ms"]).to_numpy()
+        rows.append({"predictor": "active_time (kernel sum vs traced)", "n": len(k), "geomean_abs_err": _geomean(err),
+                     "min_abs_err": float(err.min()), "max_abs_err": float(err.max())})
+    return pd.DataFrame(rows)
+
+
+def _geomean(err: np.ndarray) -> float:
+    err = np.maximum(err, 1e-6)  # an exact hit would send the log to -inf
+    return float(math.exp(np.log(err).mean()))

@@ -1,0 +1,242 @@
+"""Re-price a captured execution graph's kernels with devchar's models (no torch here).
+
+Each op's kernel (its self time, see capture.py) gets one of six fates, recorded per op:
+  priced     a GEMM or utility model (or an ExtraOps mapping) predicts it from its input shapes;
+  free       the op launches no work (views, metadata, allocation) or touches no element;
+  delegated  a composite op whose work is done, and priced, by a descendant
+             (aten::linear -> aten::addmm, aten::layer_norm -> aten::native_layer_norm,
+             aten::clone -> aten::copy_), so the work is not counted twice;
+  covered    inside an op whose prediction includes its whole subtree (ExtraOps.covers);
+  kept       unmapped (or no calibration for it), measured time kept: keep_unmapped=True;
+  dropped    unmapped, priced 0: the default.
+Free, delegated and covered ops lose their kernel (0 µs, and nothing for Algorithm 1 to launch).
+Predicted times of priced ops come only from the models, never from the measured times, so
+a graph captured on one device predicts another; measured times feed only `coverage`.
+"""
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import replace
+from typing import Protocol
+
+from pipeline.core.errors import MissingModelError
+from pipeline.core.graph import ExecutionGraph
+
+# aten GEMMs -> devchar GEMM op. addmm is mm plus a bias the CPU copies into the output
+# first (its aten::copy_ child, priced as copy). matmul/linear nest the real GEMM; they
+# are priced here only if ever seen as leaves.
+GEMM = {"aten::mm": "mm", "aten::addmm": "mm", "aten::bmm": "bmm", "aten::baddbmm": "bmm",
+        "aten::matmul": "matmul", "aten::linear": "linear"}
+_ELEMENTWISE = {"relu": ("relu", "relu_", "clamp_min", "clamp_min_"),  # CPU relu runs as clamp_min
+                "gelu": ("gelu", "gelu_"), "silu": ("silu", "silu_"),
+                "add": ("add", "add_", "sub", "sub_", "rsub"), "mul": ("mul", "mul_", "div", "div_"),
+                "copy": ("copy_", "clone", "_to_copy"), "dropout": ("native_dropout",)}
+_ROWWISE = {"softmax": ("softmax", "_softmax"), "layernorm": ("layer_norm", "native_layer_norm"),
+            "rmsnorm": ("rms_norm", "_fused_rms_norm")}
+UTILITY = {f"aten::{a}": op for op, names in {**_ELEMENTWISE, **_ROWWISE}.items() for a in names}
+UTILITY.update({"aten::embedding": "embedding", "aten::index_select": "embedding"})
+# Element-wise ops with no calibration of their own, priced by the calibrated op that moves
+# the same bytes (these ops are memory-bound): unary transcendental -> silu, other unary ->
+# relu, compare/select -> add. Listed apart so a report can tell proxies from exact matches.
+PROXY = {f"aten::{a}": op for op, names in {
+    "silu": ("tanh", "tanh_", "exp", "sigmoid", "log", "rsqrt", "sqrt", "erf"),
+    "relu": ("neg", "abs", "pow", "reciprocal", "square", "fill_", "zero_"),
+    "add": ("where", "masked_fill", "masked_fill_", "eq", "ne", "lt", "le", "gt", "ge", "threshold_backward",
+            "sum", "mean", "cumsum"),
+    "mul": ("sigmoid_backward", "binary_cross_entropy", "binary_cross_entropy_backward")}.items() for a in names}
+UTILITY.update(PROXY)
+# Ops that move no data themselves. aten::dropout is here because in eval it returns its
+# input, and in training its work is its aten::native_dropout child; aten::contiguous and
+# aten::to likewise either return the input or do their work in a clone/_to_copy child.
+FREE = {f"aten::{a}" for a in (
+    "view", "reshape", "_reshape_alias", "_unsafe_view", "view_as", "transpose", "t", "permute", "expand",
+    "expand_as", "as_strided", "detach", "detach_", "alias", "empty", "empty_like", "empty_strided", "resize_",
+    "unsqueeze", "squeeze", "select", "slice", "narrow", "split", "split_with_sizes", "chunk", "unbind",
+    "flatten", "unflatten", "contiguous", "dropout", "to", "type_as", "lift_fresh", "resolve_conj",
+    "resolve_neg", "result_type", "size", "stride", "numel", "dim")}
+STATUSES = ("priced", "free", "delegated", "covered", "kept", "dropped")
+
+
+def _numel(shape) -> int:
+    return math.prod(shape)
+
+
+def _broadcast(shapes: list[list[int]]) -> list[int]:
+    """numpy broadcasting of the tensor inputs: the output shape of an element-wise op."""
+    n = max((len(s) for s in shapes), default=0)
+    padded = [[1] * (n - len(s)) + list(s) for s in shapes]
+    return [max((d for d in col if d != 1), default=1) for col in zip(*padded)]
+
+
+def gemm_dims(name: str, shapes: list) -> tuple[str, int, int, int, int] | None:
+    """(model op, m, n, k, batch) from an aten GEMM's input shapes; None if they do not fit."""
+    t = [s for s in shapes if s is not None]
+    if name in ("aten::addmm", "aten::baddbmm"):
+        t = t[1:]  # drop the bias / accumulator input
+    if len(t) < 2:
+        return None
+    a, b = t[0], t[1]
+    if name == "aten::linear":  # x[..., k] @ W[n, k]^T: every leading dim of x is a row
+        return ("linear", _numel(a[:-1]), b[0], a[-1], 1) if a and len(b) == 2 else None
+    if len(a) == 2 and len(b) == 2:
+        return ("mm", a[0], b[1], a[1], 1)
+    if len(a) >= 3 and len(b) >= 2 and name in ("aten::bmm", "aten::baddbmm", "aten::matmul"):
+        return ("bmm", a[-2], b[-1], a[-1], _numel(_broadcast([a[:-2], b[:-2]])))
+    return None
+
+
+def utility_dims(name: str, shapes: list) -> tuple[int, int] | None:
+    """(rows, cols) of a utility op: cols is the last dim of the tensor it sweeps."""
+    t = [s for s in shapes if s is not None]
+    if not t:
+        return None
+    if name in ("aten::embedding", "aten::index_select"):  # (table, ids) / (table, index)
+        table, idx = t[0], t[-1]
+        return (_numel(idx), _numel(table[1:])) if len(t) >= 2 and table else None
+    if UTILITY[name] in _ROWWISE:
+        s = t[0]  # reduce over the last dim (softmax dim=-1, layer norm over the hidden size)
+    else:
+        s = _broadcast(t)
+    if not s:
+        return 1, 1  # a 0-d tensor: one element
+    return _numel(s[:-1]), s[-1]
+
+
+class ExtraOps(Protocol):
+    """More op mappings for price_graph, tried before the GEMM/utility tables (price_recsys.py).
+
+    `map` is model-free (so host-time extraction can classify ops on a device with no
+    models): None when the op is not its to price, else (model op, dims). `covers` names
+    ops whose whole subtree the mapped op's prediction already includes (their children are
+    marked "covered"). `predict` returns µs; it may raise MissingModelError.
+    """
+
+    covers: frozenset[str]
+
+    def map(self, name: str, shapes: list, scalars: list | None) -> tuple[str, tuple] | None: ...
+
+    def predict(self, model_op: str, dims: tuple, dtype: str) -> float: ...
+
+
+def _family(name: str) -> str | None:
+    return "gemm" if name in GEMM else UTILITY.get(name)
+
+
+def _descendant_work(graph: ExecutionGraph) -> dict[int, set[str]]:
+    """Op id -> families ("gemm" or a utility op) of the mapped ops anywhere below it."""
+    below: dict[int, set[str]] = defaultdict(set)
+    for op in reversed(graph.ops):  # children come after parents: fold bottom-up
+        kind = _family(op.name)
+        if op.parent is not None:
+            below[op.parent] |= below[op.id] | ({kind} if kind else set())
+    return below
+
+
+def classify_graph(graph: ExecutionGraph, shapes: dict, scalars: dict | None = None,
+                   extra: ExtraOps | None = None) -> dict[int, tuple]:
+    """Op id -> (status, model op, dims, reason), from names and shapes only (no models).
+
+    Status is "priced" for an op a model can price (given a calibration), else free,
+    delegated, covered (inside an `extra.covers` op) or unmapped."""
+    below = _descendant_work(graph)
+    scalars = scalars or {}
+    out: dict[int, tuple] = {}
+    for op in graph.ops:
+        if op.parent is not None and _covers_children(out[op.parent], graph.op(op.parent).name, extra):
+            out[op.id] = ("covered", None, None, f"inside {graph.op(op.parent).name}")
+            continue
+        mapped = extra.map(op.name, shapes.get(op.id), scalars.get(op.id)) if extra is not None else None
+        out[op.id] = ("priced", mapped[0], mapped[1], "extra") if mapped else _map_one(op.name, shapes.get(op.id),
+                                                                                       below[op.id])
+    return out
+
+
+def _covers_children(parent_class: tuple, parent_name: str, extra: ExtraOps | None) -> bool:
+    """A covered op's children are covered; so are those of an op an ExtraOps mapping prices
+    whole (named in `covers`, or mapped to "covered": work already timed elsewhere)."""
+    status, model_op, _, why = parent_class
+    if status == "covered":
+        return True
+    return status == "priced" and why == "extra" and (parent_name in extra.covers or model_op == "covered")
+
+
+def price_graph(graph: ExecutionGraph, shapes: dict, gemm_model, utility_model, dtype: str,
+                *, keep_unmapped: bool = False, scalars: dict | None = None, extra: ExtraOps | None = None,
+                synchronous: bool = False) -> tuple[ExecutionGraph, dict]:
+    """Re-priced graph and coverage (see module doc). `shapes`: op id -> input shapes.
+
+    `synchronous` (the CPU as the device): an unmapped op launches nothing, so it keeps no
+    kernel; its time is host time, which the overhead model's T2/T5 carry (host_time.py)."""
+    classes = classify_graph(graph, shapes, scalars, extra)
+    new: dict[int, float] = {}
+    records = []
+    for op in graph.ops:
+        status, model_op, dims, why = classes[op.id]
+        new[op.id] = 0.0
+        if status == "priced":
+            try:
+                if why == "extra":
+                    new[op.id] = float(extra.predict(model_op, dims, dtype))
+                else:
+                    model = gemm_model.predict if op.name in GEMM else utility_model.predict
+                    new[op.id] = float(model(model_op, dtype, *dims))
+            except MissingModelError:
+                status, why = "unmapped", f"no calibration for {model_op}/{dtype}"
+        if status == "unmapped":
+            status = "kept" if keep_unmapped else "dropped"
+            new[op.id] = sum(k.time_us for k in op.kernels) if keep_unmapped else 0.0
+        records.append({"id": op.id, "name": op.name, "status": status, "model_op": model_op, "dims": dims,
+                        "why": why, "measured_us": sum(k.time_us for k in op.kernels), "predicted_us": new[op.id]})
+
+    # Ops that do no work of their own launch nothing on any device: no kernel, so Algorithm 1
+    # charges them no launch overhead (T2-T4). A dropped op keeps a 0 µs kernel on a GPU: it
+    # does launch something.
+    status = {r["id"]: r["status"] for r in records}
+    launchless = {"free", "delegated", "covered"} | ({"dropped"} if synchronous else set())
+    ops = [replace(op, kernels=()) if status[op.id] in launchless else
+           replace(op, kernels=tuple(replace(k, time_us=new[op.id] / len(op.kernels)) for k in op.kernels))
+           for op in graph.ops]  # one kernel per captured op; split evenly if a graph has more
+    return ExecutionGraph(ops), _coverage(records)
+
+
+def _map_one(name, shp, below):
+    """(status, model op, dims, reason) from the name and shapes alone, so a mapped op's
+    measured time cannot leak into its prediction."""
+    if name in FREE:
+        return "free", None, None, "no work of its own"
+    # Delegated only to the same family: aten::mul's child copy_ (a 0-d scalar converted to the
+    # tensor's dtype) or addmm's bias copy_ is extra work, not the op's own.
+    if _family(name) in below:
+        return "delegated", None, None, "priced at a descendant"
+    if name not in GEMM and name not in UTILITY:
+        return "unmapped", None, None, "no mapping"
+    if shp is None:
+        return "unmapped", None, None, "no shapes recorded"
+    if name in GEMM:
+        g = gemm_dims(name, shp)
+        model_op, dims = (g[0], g[1:]) if g else (None, None)
+    else:
+        model_op, dims = UTILITY[name], utility_dims(name, shp)
+    if dims is None:
+        return "unmapped", None, None, f"shapes {shp} do not fit"
+    if 0 in dims:
+        return "free", model_op, dims, "zero-size"
+    return "priced", model_op, dims, ""
+
+
+def _coverage(records: list[dict]) -> dict:
+    """Shares of measured time by fate, and the unmapped ops by name."""
+    total = sum(r["measured_us"] for r in records)
+    by = {s: sum(r["measured_us"] for r in records if r["status"] == s) for s in STATUSES}
+    unmapped: dict[str, dict] = {}
+    for r in records:
+        if r["status"] in ("kept", "dropped"):
+            u = unmapped.setdefault(r["name"], {"count": 0, "measured_us": 0.0, "why": r["why"]})
+            u["count"] += 1
+            u["measured_us"] += r["measured_us"]
+    return {"measured_us": total, "predicted_us": sum(r["predicted_us"] for r in records),
+            **{f"{s}_us": v for s, v in by.items()},
+            **{f"{s}_share": (v / total if total else 0.0) for s, v in by.items()},
+            "unmapped": dict(sorted(unmapped.items(), key=lambda kv: -kv[1]["measured_us"])),
+            "ops": records}

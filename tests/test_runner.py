@@ -1,7 +1,6 @@
 """The device-side runner: CLI, output files, and the Dagster Pipes subprocess path."""
 import dagster as dg
 import pandas as pd
-import pytest
 
 from pipeline import runner
 from pipeline.device.discover import identify

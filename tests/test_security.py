@@ -15,6 +15,7 @@ import pytest
 
 from pipeline.cli.main import main as cli_main
 from resources.warehouse import DuckDBWarehouse
+from pipeline.core.errors import BadSlugError, ContractError
 
 INJECTION = 'x" INT); DROP TABLE predictions; --'
 # what dropped `predictions` before the fix: the first statement is valid, so the second runs
@@ -76,7 +77,7 @@ def test_identifiers_are_quoted_with_embedded_quotes_doubled():
 @pytest.mark.parametrize("name", INJECTIONS)
 def test_injected_column_name_drops_nothing(warehouse, name):
     bad = rows_for("gemm_samples").assign(**{name: 1})
-    with pytest.raises(Exception, match="DROP TABLE predictions"):  # refused, naming the column
+    with pytest.raises(ContractError, match="DROP TABLE predictions"):  # refused, naming the column
         warehouse.replace_partition("gemm_samples", "cpu-x", bad)
     assert "predictions" in table_names()
     assert len(warehouse.query("SELECT * FROM predictions")) == 3
@@ -92,7 +93,7 @@ def test_injected_column_name_through_load_drops_nothing(warehouse, tmp_path, ca
 
 
 def test_unknown_columns_are_refused_by_name(warehouse):
-    with pytest.raises(Exception, match="junk"):
+    with pytest.raises(ContractError, match="junk"):
         warehouse.replace_partition("gemm_samples", "cpu-x", rows_for("gemm_samples").assign(junk=1.0))
     assert "junk" not in columns_of("gemm_samples")
 
@@ -286,7 +287,7 @@ def test_good_slugs_pass():
 def test_plots_stay_under_the_data_dir(devchar_home):
     from assets.common import save_plot
 
-    with pytest.raises(Exception, match=r"\.\./\.\./x"):
+    with pytest.raises(BadSlugError, match=r"\.\./\.\./x"):
         save_plot(b"png", "../../x", "throughput_vs_k")
     assert not list(devchar_home.parent.rglob("*.png"))
     assert save_plot(b"png", "cpu-x", "throughput_vs_k") == devchar_home.resolve() / "plots/cpu-x/throughput_vs_k.png"
@@ -297,22 +298,22 @@ def test_model_store_stays_under_its_root(tmp_path, synthetic_gemm_model):
 
     root = tmp_path / "store" / "models_store"
     for device in ("../../x", "../escaped", str(tmp_path / "abs")):
-        with pytest.raises(Exception, match="slug"):
+        with pytest.raises(BadSlugError, match="slug"):
             store.save(root, device, "gemm_model", synthetic_gemm_model, {}, "v1")
-        with pytest.raises(Exception, match="slug"):
+        with pytest.raises(BadSlugError, match="slug"):
             store.load(root, device, "gemm_model")
-    with pytest.raises(Exception, match="plain name"):
+    with pytest.raises(BadSlugError, match="plain name"):
         store.save(root, "cpu-x", "gemm_model", synthetic_gemm_model, {}, "../../../v1")
     assert not list(tmp_path.iterdir())  # nothing written anywhere, inside the root or out of it
     store.save(root, "cpu-x", "gemm_model", synthetic_gemm_model, {}, "v1")
-    with pytest.raises(Exception, match="plain name"):
+    with pytest.raises(BadSlugError, match="plain name"):
         store.load(root, "cpu-x", "gemm_model", "../../cpu-x/gemm_model/v1")
 
 
 def test_model_store_resource_refuses_a_traversal_partition(tmp_path, synthetic_gemm_model):
     from resources.model_store import ModelStore
 
-    with pytest.raises(Exception, match="slug"):
+    with pytest.raises(BadSlugError, match="slug"):
         ModelStore(root=str(tmp_path / "ms")).save("../../x", "gemm_model", synthetic_gemm_model, {}, "v1")
     assert not (tmp_path / "x").exists()
 
@@ -339,7 +340,7 @@ def test_runner_refuses_a_traversal_device(tmp_path):
 
 
 def test_warehouse_refuses_a_traversal_partition(devchar_home):
-    with pytest.raises(Exception, match="slug"):
+    with pytest.raises(BadSlugError, match="slug"):
         DuckDBWarehouse().replace_partition("gemm_samples", "../../x", rows_for("gemm_samples", device="../../x"))
 
 
@@ -357,7 +358,7 @@ def test_reference_calibrations_are_read_only_under_their_root(tmp_path, monkeyp
     (tmp_path / "x").mkdir()
     rows_for("devices", "x", 1).to_parquet(tmp_path / "x" / "devices.parquet")  # outside the root
     for device in ("../x", str(tmp_path / "x")):
-        with pytest.raises(Exception, match="slug"):
+        with pytest.raises(BadSlugError, match="slug"):
             devices_mod.reference_file(device, "devices")
     (tmp_path / "reference" / "cuda-y").mkdir(parents=True)
     rows_for("devices", "cuda-y", 1).to_parquet(tmp_path / "reference" / "cuda-y" / "devices.parquet")

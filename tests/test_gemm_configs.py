@@ -11,6 +11,7 @@ from pipeline.predict.gemm_configs import GemmConfigModel, problem_key
 from pipeline.predict.geometry import waves
 from pipeline.predict.store import load, save
 from pipeline.sweeps.gemm_configs import pick_configs
+from pipeline.core.errors import MissingModelError
 
 SLOTS = 132
 # config id -> (tile_m, tile_n, split_k, peak padded FLOP/us)
@@ -109,7 +110,7 @@ def test_layouts_are_separate_problems():
     model = GemmConfigModel.fit(pd.DataFrame(rows), pd.concat([choice_rows(), choice_rows(layout="NT")]))
     assert sorted(model.models) == ["mm:NN", "mm:NT"]
     assert problem_key("linear", "TN", True) == "linear:TN+bias"
-    with pytest.raises(Exception, match="linear:TN"):
+    with pytest.raises(MissingModelError, match="linear:TN"):
         model.predict("linear", "TN", "float16", 64, 64, 64)
 
 

@@ -1,13 +1,11 @@
-"""Utility regression, byte accounting, the model store and the CLI's error path."""
+"""Utility regression (predict/utility.py) and its byte accounting (predict/traffic.py)."""
 import json
 
 import numpy as np
 import pandas as pd
 import pytest
 
-from pipeline.cli.main import main as cli_main
 from pipeline.core.errors import BadShapeError, MissingModelError, UnknownDtypeError
-from pipeline.predict import store
 from pipeline.predict.traffic import utility_traffic
 from pipeline.predict.utility import UtilityModel
 
@@ -68,36 +66,3 @@ def test_utility_bad_input():
         model.predict("relu", "int4", 1, 5)
     with pytest.raises(MissingModelError, match="gelu"):
         model.predict("gelu", "float32", 1, 5)
-
-
-def test_store_versions_missing_and_corrupt(tmp_path):
-    model = UtilityModel.fit(_linear_samples())
-    with pytest.raises(MissingModelError, match="dev-a"):
-        store.load(tmp_path, "dev-a", "utility_model")
-    store.save(tmp_path, "dev-a", "utility_model", model, {"n": 1}, "20260101T000000-aaaa")
-    path = store.save(tmp_path, "dev-a", "utility_model", model, {"n": 2}, "20260102T000000-bbbb")
-    assert store.versions(tmp_path, "dev-a", "utility_model") == ["20260101T000000-aaaa", "20260102T000000-bbbb"]
-    assert not [p for p in path.parent.iterdir() if p.name.startswith(".tmp")]  # no half-written leftovers
-    (path / "model.json").write_text("{not json")
-    with pytest.raises(MissingModelError, match="corrupt"):
-        store.load(tmp_path, "dev-a", "utility_model")
-    assert store.load(tmp_path, "dev-a", "utility_model", "20260101T000000-aaaa").regimes
-
-
-def test_latest_skips_versions_that_failed_their_check(tmp_path):
-    good, bad = UtilityModel.fit(_linear_samples("relu")), UtilityModel.fit(_linear_samples("gelu"))
-    store.save(tmp_path, "d", "utility_model", good, {"heldout_check_passed": True}, "20260101T000000-a")
-    store.save(tmp_path, "d", "utility_model", bad, {"heldout_check_passed": False}, "20260102T000000-b")
-    assert set(store.load(tmp_path, "d", "utility_model").regimes) == {("relu", "float32")}
-    assert set(store.load(tmp_path, "d", "utility_model", "20260102T000000-b").regimes) == {("gelu", "float32")}
-    store.save(tmp_path, "e", "utility_model", bad, {"heldout_check_passed": False}, "20260102T000000-b")
-    with pytest.raises(MissingModelError, match="held-out check"):
-        store.load(tmp_path, "e", "utility_model")
-
-
-def test_cli_predict_without_models_is_one_clear_error(devchar_home, capsys):
-    assert cli_main(["predict", "--device", "cpu-nowhere", "--layers", "2", "--hidden", "64", "--heads", "2"]) == 2
-    err = capsys.readouterr().err
-    assert "cpu-nowhere" in err and "Traceback" not in err
-    assert cli_main(["predict", "--device", "cpu-nowhere", "--batch", "0"]) == 2
-    assert "batch=0" in capsys.readouterr().err

@@ -6,6 +6,7 @@ import pytest
 
 import resources.devices as devices_mod
 from pipeline.runner import SWEEPS, tables_of
+from pipeline.core.errors import UnknownDeviceError
 
 
 def _calibration(root, slug, sweeps):
@@ -49,5 +50,5 @@ def test_reference_source_loads_the_calibration_even_for_a_local_device(tmp_path
     ctx = types.SimpleNamespace(log=types.SimpleNamespace(info=lambda msg: None))
     got = devices_mod.DeviceRunner(source="reference").run(ctx, "gemm", local)
     assert list(got["x"]) == [1.0] and list(got["device"]) == [local]  # the file's rows, nothing measured
-    with pytest.raises(Exception, match="reference calibration"):
+    with pytest.raises(UnknownDeviceError, match="reference calibration"):
         devices_mod.DeviceRunner(source="reference").run(ctx, "utility", local)

@@ -1,3 +1,4 @@
+"""The CPU timing harness (harness/timer.py): statistics, repetitions by budget, noisy and stalled rows."""
 import numpy as np
 import pytest
 
@@ -63,34 +64,3 @@ def test_waiting_for_a_core_is_flagged_as_a_stall():
     working = measure_once(busy, spec)
     assert not working.stalled and working.cpu_util > 0.5
     assert working.row()["stalled"] is False
-
-
-def test_stalled_rows_are_remeasured_once_the_machine_is_quiet():
-    import time
-
-    from pipeline.harness.stalls import remeasure_stalled
-
-    def busy():
-        t0 = time.perf_counter()
-        while time.perf_counter() - t0 < 0.001:
-            pass
-
-    spec = TimingSpec(warmup_s=0.0, budget_s=0.0, min_reps=5, max_reps=5)
-    rows = [{"median_us": 5000.0, "stalled": True, "noisy": True}, {"median_us": 1000.0, "stalled": False}]
-    built = []
-    makers = [lambda: built.append(0) or busy, lambda: built.append(1) or busy]
-    readings = iter([2, 1, 0, 0, 0, 0, 0])  # another process runs for a while, then the machine is quiet
-    got = remeasure_stalled(rows, makers, spec, "cpu", others=lambda: next(readings), timeout_s=5, log=lambda m: None)
-    assert got == 1 and built == [0]  # only the stalled row is measured again
-    assert rows[0]["stalled"] is False and rows[0]["remeasured"] and rows[0]["median_us"] < 5000
-    assert rows[1] == {"median_us": 1000.0, "stalled": False}
-
-
-def test_stalled_rows_keep_their_flag_when_the_machine_stays_busy():
-    from pipeline.harness.stalls import remeasure_stalled
-
-    rows = [{"median_us": 5000.0, "stalled": True}]
-    said = []
-    assert remeasure_stalled(rows, [lambda: (lambda: None)], TimingSpec.fixed(1, 3), "cpu", others=lambda: 1,
-                             timeout_s=0.3, log=said.append) == 0
-    assert rows[0]["stalled"] and "stayed busy" in said[0]

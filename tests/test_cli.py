@@ -21,6 +21,7 @@ import pytest
 from pipeline.cli.main import main as cli_main
 from pipeline.core.config import REPO_ROOT
 from resources.warehouse import DuckDBWarehouse
+from pipeline.core.errors import WarehouseLockedError
 
 DEVICE = "cpu-test"
 TINY = ["--layers", "1", "--hidden", "64", "--heads", "2", "--vocab", "100"]
@@ -277,7 +278,7 @@ def test_a_held_lock_gives_one_error_naming_the_holder(devchar_home, monkeypatch
     DuckDBWarehouse().replace_partition("devices", "cpu-a", devices_row("cpu-a"))
     holder = hold_write_lock(DuckDBWarehouse().db_path(), 60)
     try:
-        with pytest.raises(Exception, match=f"PID {holder.pid}") as exc:
+        with pytest.raises(WarehouseLockedError, match=f"PID {holder.pid}") as exc:
             DuckDBWarehouse(lock_wait_s=0.5).replace_partition("devices", "cpu-b", devices_row("cpu-b"))
         assert "DEVCHAR_LOCK_WAIT_S" in str(exc.value) and "read-only" in str(exc.value)
         monkeypatch.setenv("DEVCHAR_LOCK_WAIT_S", "0.5")  # the CLI's warehouse: waits as configured, one line
@@ -337,3 +338,11 @@ def test_ui_on_a_network_interface_warns(devchar_home, capsys, monkeypatch, host
     assert launched and host in launched[0]
     err = capsys.readouterr().err
     assert ("unauthenticated" in err or "no authentication" in err) is warns, err
+
+
+def test_cli_predict_without_models_is_one_clear_error(devchar_home, capsys):
+    assert cli_main(["predict", "--device", "cpu-nowhere", "--layers", "2", "--hidden", "64", "--heads", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "cpu-nowhere" in err and "Traceback" not in err
+    assert cli_main(["predict", "--device", "cpu-nowhere", "--batch", "0"]) == 2
+    assert "batch=0" in capsys.readouterr().err

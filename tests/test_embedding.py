@@ -1,5 +1,5 @@
-"""embedding_samples / memory_samples sweeps (tiny, CPU) and their models: the DLRM paper's
-embedding heuristic with the L2 hit-rate term, and the memory-kernel roofline and MLPs."""
+"""embedding_samples sweep (tiny, CPU) and its model: the DLRM paper's embedding heuristic with the
+L2 hit-rate term."""
 import itertools
 import json
 
@@ -9,10 +9,6 @@ import pytest
 
 from pipeline.core.errors import BadShapeError, MissingModelError, UnknownDtypeError
 from pipeline.predict.embedding import EmbeddingModel, embedding_traffic, hit_rate, table_iv_rows
-from pipeline.predict.memory import OP_DIMS, MemoryModel, memory_bytes
-from pipeline.predict.memory import table_iv_rows as memory_table_iv
-
-SMALL_GRID = {"layers": [3], "neurons": [32], "solver": ["adam"], "lr": [1e-2], "epochs": 150}
 
 
 @pytest.fixture(scope="module")
@@ -32,18 +28,6 @@ def test_embedding_sweep_tiny(cpu):
     assert {"B", "E", "T", "L", "D", "dtype", "p20_us", "p80_us", "cv", "units", "l2_bytes"} <= set(df.columns)
     back = df[df["direction"] == "backward"].iloc[0]
     assert back["bytes"] > df[(df["direction"] == "forward") & (df["shape"] == back["shape"])]["bytes"].iloc[0]
-
-
-def test_memory_sweep_tiny(cpu):
-    from pipeline.sweeps.memory import sweep_memory
-
-    logs = []
-    df = pd.DataFrame(sweep_memory(cpu, "tiny", log=logs.append))
-    assert set(df["op"]) == {"concat", "memcpy_d2d", "transpose", "tril_fwd", "tril_bwd"}
-    assert any("memcpy_h2d skipped" in m for m in logs)  # no host-to-device copy on the CPU, and it says so
-    assert (df["median_us"] > 0).all() and (df["bytes"] > 0).all()
-    for op, g in df.groupby("op"):
-        assert set(g["held_out"]) == {False, True}, op
 
 
 def _embedding_shapes():
@@ -91,34 +75,7 @@ def test_hit_rate_moves_cached_tables_off_dram():
     assert hit_rate(64, 1000, 4, 16, 4, 192, 2, 1) == 0.0  # 3 cached rows cannot hold a bag of 4
 
 
-def _memory_samples():
-    rows = []
-    for b, n, k in itertools.product((16, 128, 1024), (16, 64, 256), (2, 9, 27)):
-        rows.append(dict(op="concat", batch=b, m=1, n=n, k=k, median_us=2.0 + 2 * b * n * k * 4 / 50e3))
-    for b, m, n in itertools.product((1, 4, 16, 64), (16, 32, 64, 128, 256), (16, 32, 64, 128, 256)):
-        rows.append(dict(op="transpose", batch=b, m=m, n=n, k=1, median_us=1.0 + 2e-4 * b * m * n))
-    return pd.DataFrame(rows).assign(dtype="float32", held_out=False)
-
-
-def test_memory_model_round_trip_and_training_points():
-    df = _memory_samples()
-    model = MemoryModel.fit(df, grid=SMALL_GRID)
-    again = MemoryModel.from_dict(json.loads(json.dumps(model.to_dict())))
-    assert model.bandwidth_gbps("concat", "float32") == pytest.approx(50.0, rel=1e-6)
-    for op, g in df.groupby("op"):
-        shape = {d: g[d].to_numpy() for d in OP_DIMS[op]}
-        pred = again.predict(op, "float32", **shape)
-        assert pred == pytest.approx(model.predict(op, "float32", **shape))
-        err = np.abs(pred / g["median_us"].to_numpy() - 1)
-        assert np.median(err) < (1e-6 if op == "concat" else 0.15), op
-    assert np.ndim(model.predict("transpose", "float32", batch=2, m=100, n=50)) == 0
-    table = memory_table_iv(model, df)
-    assert set(table["kernel"]) == {"concat", "transpose"} and (table["n"] > 0).all()
-
-
-def test_fits_refuse_held_out_rows():
-    with pytest.raises(ValueError, match="held-out"):
-        MemoryModel.fit(_memory_samples().assign(held_out=True))
+def test_embedding_fit_refuses_held_out_rows():
     B, E, T, L, D = _embedding_shapes()[:4].T
     rows = pd.DataFrame(dict(direction="forward", dtype="float32", B=B, E=E, T=T, L=L, D=D, median_us=5.0,
                              held_out=[False, True, False, False], units=2, rows_per_block=1, l2_bytes=1 << 20))
@@ -126,7 +83,7 @@ def test_fits_refuse_held_out_rows():
         EmbeddingModel.fit(rows)
 
 
-def test_bad_input_names_the_value():
+def test_embedding_bad_input_names_the_value():
     B, E, T, L, D = _embedding_shapes().T
     plain, _ = embedding_traffic("backward", "float32", B, E, T, L, D)
     emb = EmbeddingModel.fit(pd.DataFrame(dict(direction="backward", dtype="float32", B=B, E=E, T=T, L=L, D=D,
@@ -142,16 +99,3 @@ def test_bad_input_names_the_value():
         emb.predict("backward", "int4", 8, 10, 1, 1, 16)
     with pytest.raises(MissingModelError, match="forward"):
         emb.predict("forward", "float32", 8, 10, 1, 1, 16)
-    mem = MemoryModel.fit(_memory_samples()[lambda d: d["op"] == "concat"])
-    with pytest.raises(BadShapeError, match="k=0"):
-        mem.predict("concat", "float32", batch=4, n=8, k=0)
-    with pytest.raises(BadShapeError, match="missing"):
-        mem.predict("concat", "float32", batch=4, n=8)
-    with pytest.raises(BadShapeError, match="m=3"):
-        mem.predict("concat", "float32", batch=4, n=8, k=2, m=3)
-    with pytest.raises(BadShapeError, match="permute"):
-        mem.predict("permute", "float32", batch=4)
-    with pytest.raises(BadShapeError, match="n=1"):
-        memory_bytes("tril_fwd", 4, batch=4, n=1)
-    with pytest.raises(MissingModelError, match="transpose"):
-        mem.predict("transpose", "float32", batch=1, m=2, n=2)

@@ -1,57 +1,22 @@
-"""CPU host overheads (host_time.py), leave-one-out overhead models and graph predictions
-(graph_predict.py), DLRM op pricing (price_recsys.py) and the what-if transforms (what_if.py)."""
+"""Graph predictions (graph_predict.py, predict_callable.py) and DLRM op pricing (price_recsys.py)."""
 from __future__ import annotations
 
 import json
-import math
 
 import pandas as pd
 import pytest
 
 torch = pytest.importorskip("torch")
 
-from pipeline.core.graph import ExecutionGraph, Kernel, Op  # noqa: E402
-from pipeline.workloads.capture import capture  # noqa: E402
-from pipeline.workloads.dlrm import TINY_CONFIGS  # noqa: E402
-from pipeline.workloads.dlrm_run import build_dlrm, make_batch, train_step  # noqa: E402
-from pipeline.predict.graph_predict import overheads_for, predict_runs, table_v  # noqa: E402
-from pipeline.workloads.host_time import cpu_overheads  # noqa: E402
-from pipeline.predict.price import classify_graph, price_graph  # noqa: E402
-from pipeline.predict.price_recsys import EMB_BWD, EMB_FWD, RecsysOps  # noqa: E402
-from pipeline.predict.what_if import fuse_embedding_bags, with_batch  # noqa: E402
+from pipeline.workloads.capture import capture
+from pipeline.workloads.dlrm import TINY_CONFIGS
+from pipeline.workloads.dlrm_run import build_dlrm, make_batch, train_step
+from pipeline.predict.graph_predict import predict_runs, table_v
+from pipeline.workloads.host_time import cpu_overheads
+from pipeline.predict.price import classify_graph, price_graph
+from pipeline.predict.price_recsys import EMB_BWD, EMB_FWD, RecsysOps
 
 SPEC = TINY_CONFIGS[0]
-
-
-def _op(i, name, parent=None, us=1.0):
-    return Op(i, name, parent=parent, kernels=[Kernel(name, us, launch="inline")])
-
-
-def test_cpu_overheads_hand_built():
-    # linear (0..100) wraps addmm (20..80, priced); view (110..115) does no work; relu (120..150) priced.
-    g = ExecutionGraph([_op(0, "aten::linear"), _op(1, "aten::addmm", parent=0), _op(2, "aten::view"),
-                        _op(3, "aten::relu")])
-    info = {"shapes": {0: [[4, 8], [16, 8], [16]], 1: [[16], [4, 8], [8, 16]], 2: [[4, 16], None], 3: [[4, 16]]},
-            "times": {0: {"ts": 0, "dur": 100}, 1: {"ts": 20, "dur": 60}, 2: {"ts": 110, "dur": 5},
-                      3: {"ts": 120, "dur": 30}}}
-    rows = cpu_overheads(g, info)
-    got = {(r.op, r.type): r.us for r in rows.itertuples()}
-    assert got == {("aten::linear", "T2"): 40.0, ("aten::view", "T1"): 10.0, ("aten::view", "T5"): 5.0,
-                   ("aten::relu", "T1"): 5.0, ("aten::relu", "T2"): 0.0}
-    # profiler cost: 1 µs per event outside modeled work (linear itself; view; not addmm)
-    got = {(r.op, r.type): r.us for r in cpu_overheads(g, info, profiler_overhead_us=1.0).itertuples()}
-    assert got[("aten::linear", "T2")] == 39.0 and got[("aten::view", "T1")] == 9.0 and got[("aten::view", "T5")] == 4.0
-
-
-def test_leave_one_out_overheads_never_use_the_run_itself():
-    rows = [dict(workload=w, config=c, batch=b, seq=0, op="aten::relu", type="T1", us=us)
-            for w, c, b, us in [("dlrm", "a", 32, 1.0), ("dlrm", "a", 64, 2.0), ("dlrm", "b", 32, 10.0),
-                                ("gpt2", "g", 1, 100.0)]]
-    models = overheads_for(pd.DataFrame(rows), {"workload": "dlrm", "config": "a", "batch": 32, "seq": 0})
-    assert models["e2e_individual"].get("aten::relu", "T1") == 2.0  # same config, the other batch only
-    assert models["e2e_shared"].get("aten::relu", "T1") == pytest.approx(55.0)  # every other config
-    alone = overheads_for(pd.DataFrame(rows[:1]), {"workload": "dlrm", "config": "a", "batch": 32, "seq": 0})
-    assert alone == {"e2e_individual": None, "e2e_shared": None}
 
 
 @pytest.fixture(scope="module")
@@ -99,37 +64,6 @@ def test_recsys_ops_price_every_dlrm_kernel(dlrm_captures):
     assert cov["dropped_share"] < 0.5
 
 
-def test_batch_what_if_solves_shapes_of_a_third_batch(dlrm_captures):
-    (g4, i4), (g8, i8), (g16, i16) = dlrm_captures[4], dlrm_captures[8], dlrm_captures[16]
-    shapes, report = with_batch(g4, i4["shapes"], 4, i8["shapes"], g8, 8, 16)
-    assert report["unaligned_ops"] <= len(g4) // 10
-    names4, names16 = [o.name for o in g4], [o.name for o in g16]
-    if names4 != names16:
-        pytest.skip("batch 4 and 16 ran different op sequences; no one-to-one check")
-    checked = 0
-    for a, b in zip(g4, g16):
-        if a.name in (EMB_FWD, EMB_BWD, "aten::addmm", "aten::bmm", "aten::index_select"):
-            assert shapes[a.id] == i16["shapes"][b.id], a.name
-            checked += 1
-    assert checked >= 2 * len(SPEC.table_rows)
-
-
-def test_fuse_embedding_bags(dlrm_captures):
-    graph, info = dlrm_captures[8]
-    fused, shapes, scalars = fuse_embedding_bags(graph, info["shapes"], info["scalars"])
-    fwd, bwd = fused.by_name(EMB_FWD), fused.by_name(EMB_BWD)
-    assert len(fwd) == 1 and len(bwd) == 1
-    T, E = len(SPEC.table_rows), sum(SPEC.table_rows)
-    assert shapes[fwd[0].id][0] == [E, SPEC.embedding_dim]
-    assert math.prod(shapes[fwd[0].id][2]) == T * 8  # one bag per (table, sample)
-    extra = RecsysOps(_Flat(), _Flat())
-    cls = classify_graph(fused, shapes, scalars, extra)
-    assert cls[bwd[0].id][2][:2] == (T * 8, E)
-    assert len(fused.top_level()) < len(graph.top_level())
-    with pytest.raises(ValueError, match="nothing to fuse"):
-        fuse_embedding_bags(fused, shapes, scalars)
-
-
 def test_predict_runs_three_predictors_and_table_v(dlrm_captures):
     graphs, samples = [], []
     for b, (g, info) in dlrm_captures.items():
@@ -150,26 +84,6 @@ def test_predict_runs_three_predictors_and_table_v(dlrm_captures):
     tv = table_v(pred)
     assert {"kernel_only", "e2e_individual", "e2e_shared"} <= set(tv["predictor"])
     assert (tv["min_abs_err"] <= tv["geomean_abs_err"] + 1e-12).all()
-
-
-def test_gpu_trace_kernels_go_to_the_op_that_launched_them():
-    """capture's graph from a GPU-style trace: device events attributed through their launch's
-    correlation id to the innermost op around the launch; Algorithm 1 then spans the trace."""
-    from pathlib import Path
-
-    from pipeline.predict.critical_path import critical_path
-    from pipeline.predict.overheads import OverheadModel, extract_overheads
-    from pipeline.workloads.capture import _build
-
-    trace = json.loads((Path(__file__).parent / "fixtures" / "gpu_style_trace.json").read_text())
-    graph, info = _build(trace, None, None, [])
-    kernels = {op.name: [k.name for k in op.kernels] for op in graph if op.kernels}
-    assert kernels == {"aten::addmm": ["volta_sgemm_128x64_nn", "splitKreduce_kernel"],
-                       "aten::relu": ["clamp_min_kernel"], "aten::copy_": ["Memcpy HtoD (Pageable -> Device)"]}
-    assert graph.by_name("aten::copy_")[0].kernels[0].launch == "cudaMemcpyAsync"
-    e2e = critical_path(graph, OverheadModel.fit(extract_overheads(trace)))
-    assert e2e.active_us == 50 + 4 + 3 + 30
-    assert abs(e2e.e2e_us - 130.0) / 130.0 < 0.1  # the trace spans 100 .. 230 µs
 
 
 def test_predict_module_for_a_gpu_target_walks_algorithm1_asynchronously(synthetic_gemm_model):

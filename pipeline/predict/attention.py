@@ -21,6 +21,7 @@ import numpy as np
 from pipeline.core.dtypes import check_dtype
 from pipeline.core.errors import BadShapeError, MissingModelError, check_positive_arrays
 from pipeline.predict.geometry import grid_position
+from pipeline.predict.serialize import DataclassJSON
 
 ATTENTION_BACKENDS = ("flash", "efficient", "cudnn", "math")  # torch SDPA backends, as attention_samples names them
 
@@ -33,7 +34,7 @@ def attention_flops(batch, heads, seq_q, seq_kv, head_dim, causal) -> np.ndarray
 
 
 @dataclass
-class AttentionTable:
+class AttentionTable(DataclassJSON):
     backend: str
     dtype: str
     head_dim: int
@@ -41,17 +42,6 @@ class AttentionTable:
     bh: np.ndarray  # (B,) batch x heads measured, ascending
     seqs: np.ndarray  # (S,) seq (q = kv) measured, ascending
     thr: np.ndarray  # (B, S) FLOPs per microsecond
-
-    def to_dict(self) -> dict:
-        d = self.__dict__.copy()
-        d.update(bh=self.bh.tolist(), seqs=self.seqs.tolist(), thr=self.thr.tolist())
-        return d
-
-    @staticmethod
-    def from_dict(d: dict) -> "AttentionTable":
-        return AttentionTable(**{**d, "head_dim": int(d["head_dim"]), "causal": bool(d["causal"]),
-                                 "bh": np.array(d["bh"], float), "seqs": np.array(d["seqs"], float),
-                                 "thr": np.array(d["thr"], float)})
 
     def throughput(self, bh, seq) -> np.ndarray:
         """Bilinear: linear in seq between the bracketing measured seqs, linear in log2(bh)."""
@@ -164,7 +154,7 @@ class AttentionModel:
     def to_dict(self) -> dict:
         return {"kind": "attention_model", "tables": [t.to_dict() for t in self.tables.values()]}
 
-    @staticmethod
-    def from_dict(d: dict) -> "AttentionModel":
+    @classmethod
+    def from_dict(cls, d: dict) -> "AttentionModel":
         tables = [AttentionTable.from_dict(t) for t in d["tables"]]
-        return AttentionModel({(t.backend, t.dtype, t.head_dim, t.causal): t for t in tables})
+        return cls({(t.backend, t.dtype, t.head_dim, t.causal): t for t in tables})

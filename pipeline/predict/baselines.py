@@ -18,6 +18,7 @@ from pipeline.core.dtypes import ELEMENT_BYTES, check_dtype, element_bytes
 from pipeline.core.errors import BadShapeError, MissingModelError, check_positive_arrays
 from pipeline.predict.geometry import waves as count_waves
 from pipeline.predict.mlp import Net, search
+from pipeline.predict.serialize import OP_DTYPE, keyed, records
 from pipeline.predict.traffic import utility_traffic
 from pipeline.core.ops import GEMM_OPS, UTILITY_OPS
 
@@ -103,9 +104,9 @@ class RooflineModel(_Baseline):
     def to_dict(self) -> dict:
         return {"kind": self.name, "peaks": dict(self.peaks), "bandwidth_gbps": self.bandwidth_gbps}
 
-    @staticmethod
-    def from_dict(d: dict) -> "RooflineModel":
-        return RooflineModel(d["peaks"], d["bandwidth_gbps"])
+    @classmethod
+    def from_dict(cls, d: dict) -> "RooflineModel":
+        return cls(d["peaks"], d["bandwidth_gbps"])
 
 
 def _mode(s) -> int:
@@ -130,20 +131,16 @@ class _MLPBaseline(_Baseline):
         return table[key], self._nets[(kind, key)]
 
     def to_dict(self) -> dict:
-        out = {"kind": self.name,
-               "gemm": [{"op": op, "dtype": dt, **e} for (op, dt), e in self.gemm.items()],
-               "utility": [{"op": op, "dtype": dt, **e} for (op, dt), e in self.util.items()]}
+        out = {"kind": self.name, "gemm": records(self.gemm, OP_DTYPE),
+               "utility": records(self.util, OP_DTYPE)}
         if self.roofline is not None:
             out["roofline"] = self.roofline.to_dict()
         return out
 
     @classmethod
     def from_dict(cls, d: dict):
-        def table(entries):
-            return {(e["op"], e["dtype"]): {k: v for k, v in e.items() if k not in ("op", "dtype")} for e in entries}
-
         roof = RooflineModel.from_dict(d["roofline"]) if "roofline" in d else None
-        return cls(table(d["gemm"]), table(d["utility"]), roof)
+        return cls(keyed(d["gemm"], OP_DTYPE), keyed(d["utility"], OP_DTYPE), roof)
 
 
 class LinMLP(_MLPBaseline):

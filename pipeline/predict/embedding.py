@@ -37,6 +37,7 @@ from scipy.special import gammaln
 from pipeline.core.dtypes import check_dtype, element_bytes
 from pipeline.core.errors import BadShapeError, MissingModelError
 from pipeline.predict.fitting import nnls_relative
+from pipeline.predict.serialize import keyed, records
 
 DIRECTIONS = ("forward", "backward")
 INDEX_BYTES = 8  # int64 indices and offsets
@@ -184,17 +185,14 @@ class EmbeddingModel:
 
     def to_dict(self) -> dict:
         return {"kind": "embedding_model", "units": self.units, "rows_per_block": self.rows_per_block,
-                "index_bytes": self.index_bytes,
-                "groups": [{"direction": d, "dtype": dt, **{k: v for k, v in g.items()}}
-                           for (d, dt), g in self.groups.items()]}
+                "index_bytes": self.index_bytes, "groups": records(self.groups, ("direction", "dtype"))}
 
-    @staticmethod
-    def from_dict(d: dict) -> "EmbeddingModel":
+    @classmethod
+    def from_dict(cls, d: dict) -> "EmbeddingModel":
         if d.get("kind") != "embedding_model":
             raise MissingModelError(f"not an embedding model: kind={d.get('kind')!r}")
-        groups = {(g["direction"], g["dtype"]): {k: v for k, v in g.items() if k not in ("direction", "dtype")}
-                  for g in d["groups"]}
-        return EmbeddingModel(groups, int(d["units"]), int(d["rows_per_block"]), int(d["index_bytes"]))
+        return cls(keyed(d["groups"], ("direction", "dtype")), int(d["units"]), int(d["rows_per_block"]),
+                   int(d["index_bytes"]))
 
 
 def kernel_error_stats(predicted, measured) -> dict:

@@ -19,11 +19,12 @@ from pipeline.core.errors import BadShapeError, MissingModelError, check_positiv
 from pipeline.predict.geometry import grid_position
 from pipeline.predict.geometry import waves as count_waves
 from pipeline.predict.selector import KernelSelector
+from pipeline.predict.serialize import DataclassJSON
 from pipeline.core.ops import GEMM_OPS
 
 
 @dataclass
-class GemmTable:
+class GemmTable(DataclassJSON):
     op: str
     dtype: str
     kernel: str
@@ -34,16 +35,6 @@ class GemmTable:
     ks: np.ndarray  # (K,) K values measured, ascending
     thr: np.ndarray  # (W, K) padded FLOPs per microsecond
     split_k: int = 1  # blocks per output tile (a cuBLASLt configuration's split-K); waves count blocks
-
-    def to_dict(self) -> dict:
-        d = self.__dict__.copy()
-        d.update(waves=self.waves.tolist(), ks=self.ks.tolist(), thr=self.thr.tolist())
-        return d
-
-    @staticmethod
-    def from_dict(d: dict) -> "GemmTable":
-        return GemmTable(**{**d, "waves": np.array(d["waves"], float), "ks": np.array(d["ks"], float),
-                            "thr": np.array(d["thr"], float)})
 
     def throughput(self, w: np.ndarray, k: np.ndarray) -> np.ndarray:
         """Bilinear: linear in K between the bracketing measured K (eq. 2), linear in log2(waves)."""
@@ -210,7 +201,7 @@ class GemmModel:
         return {"kind": "gemm_model", "tables": [t.to_dict() for t in self.tables.values()],
                 "selector": self.selector.to_dict()}
 
-    @staticmethod
-    def from_dict(d: dict) -> "GemmModel":
+    @classmethod
+    def from_dict(cls, d: dict) -> "GemmModel":
         tables = [GemmTable.from_dict(t) for t in d["tables"]]
-        return GemmModel({(t.op, t.dtype, t.kernel): t for t in tables}, KernelSelector.from_dict(d["selector"]))
+        return cls({(t.op, t.dtype, t.kernel): t for t in tables}, KernelSelector.from_dict(d["selector"]))

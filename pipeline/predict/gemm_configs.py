@@ -87,6 +87,6 @@ class GemmConfigModel:
     def to_dict(self) -> dict:
         return {"kind": "gemm_config_model", "models": {k: m.to_dict() for k, m in self.models.items()}}
 
-    @staticmethod
-    def from_dict(d: dict) -> "GemmConfigModel":
-        return GemmConfigModel({k: GemmModel.from_dict(m) for k, m in d["models"].items()})
+    @classmethod
+    def from_dict(cls, d: dict) -> "GemmConfigModel":
+        return cls({k: GemmModel.from_dict(m) for k, m in d["models"].items()})

@@ -22,6 +22,7 @@ from pipeline.core.errors import BadShapeError, MissingModelError
 from pipeline.predict.embedding import check_positive, kernel_error_stats
 from pipeline.predict.fitting import nnls_relative
 from pipeline.predict.mlp import Net, search
+from pipeline.predict.serialize import OP_DTYPE, keyed, records
 
 MEMORY_OPS = ("concat", "memcpy_h2d", "memcpy_d2d", "transpose", "tril_fwd", "tril_bwd")
 OP_DIMS = {"concat": ("batch", "n", "k"), "memcpy_h2d": ("m", "n"), "memcpy_d2d": ("m", "n"),
@@ -136,17 +137,15 @@ class MemoryModel:
         return np.exp(self._net_cache[key](_log_features(op, s))).reshape(out_shape)
 
     def to_dict(self) -> dict:
-        return {"kind": "memory_model",
-                "roofline": [{"op": op, "dtype": dt, **r} for (op, dt), r in self.roofline.items()],
-                "nets": [{"op": op, "dtype": dt, "params": p} for (op, dt), p in self.nets.items()]}
+        return {"kind": "memory_model", "roofline": records(self.roofline, OP_DTYPE),
+                "nets": records({key: {"params": p} for key, p in self.nets.items()}, OP_DTYPE)}
 
-    @staticmethod
-    def from_dict(d: dict) -> "MemoryModel":
+    @classmethod
+    def from_dict(cls, d: dict) -> "MemoryModel":
         if d.get("kind") != "memory_model":
             raise MissingModelError(f"not a memory model: kind={d.get('kind')!r}")
-        roofline = {(r["op"], r["dtype"]): {k: v for k, v in r.items() if k not in ("op", "dtype")}
-                    for r in d["roofline"]}
-        return MemoryModel(roofline, {(e["op"], e["dtype"]): e["params"] for e in d["nets"]})
+        nets = {key: e["params"] for key, e in keyed(d["nets"], OP_DTYPE).items()}
+        return cls(keyed(d["roofline"], OP_DTYPE), nets)
 
 
 def table_iv_rows(model: MemoryModel, heldout_df: pd.DataFrame) -> pd.DataFrame:

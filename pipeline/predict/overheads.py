@@ -32,6 +32,7 @@ import numpy as np
 import pandas as pd
 
 from pipeline.core.errors import DevcharError
+from pipeline.predict.serialize import DataclassJSON
 
 TYPES = ("T1", "T2", "T3", "T4", "T5")
 PAPER_CPU_EVENT_OVERHEAD_US = 2.0  # §III-C, "an empirical value of 2 µs"; platform-specific
@@ -58,7 +59,7 @@ def remove_outliers(values, k: float = IQR_K) -> np.ndarray:
 
 
 @dataclass(frozen=True)
-class OverheadModel:
+class OverheadModel(DataclassJSON):
     """Mean overhead per (op type, T-type) — "individual" — with a pooled "shared" fallback.
 
     `individual[op][T]` is the mean after per-(op, T) IQR filtering; `shared[T]` pools those
@@ -66,6 +67,7 @@ class OverheadModel:
     Fitting on samples from several workloads gives the paper's shared_E2E setting (§IV-C).
     """
 
+    name = "overhead_model"  # not annotated: a class attribute, not a field
     individual: dict[str, dict[str, float]]
     shared: dict[str, float]
     counts: dict[str, dict[str, int]] = field(default_factory=dict)
@@ -113,14 +115,12 @@ class OverheadModel:
         return {t: self.get(op, t, has_kernels) for t in TYPES}
 
     def to_dict(self) -> dict:
-        return {"version": 1, "individual": self.individual, "shared": self.shared, "counts": self.counts}
+        return {"version": 1, **super().to_dict()}
 
     @classmethod
     def from_dict(cls, d: dict) -> "OverheadModel":
         try:
-            return cls({op: {t: float(v) for t, v in ts.items()} for op, ts in d["individual"].items()},
-                       {t: float(v) for t, v in d["shared"].items()},
-                       {op: {t: int(v) for t, v in ts.items()} for op, ts in d.get("counts", {}).items()})
+            return super().from_dict(d)  # the fields' annotations coerce the values; "version" is skipped
         except (KeyError, AttributeError, TypeError, ValueError) as e:
             raise OverheadError(f"bad overhead model JSON: {e}") from None
 

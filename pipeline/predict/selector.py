@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from pipeline.predict.serialize import OP_DTYPE, keyed, records
+
 FEATURES = ("log2_m", "log2_n", "log2_k", "log2_batch", "log2_mn_batch", "log2_mnk_batch")
 
 
@@ -78,12 +80,12 @@ class KernelSelector:
         return np.asarray(self.kernels(op, dtype), dtype=object)[self.predict_index(op, dtype, m, n, k, batch)]
 
     def to_dict(self) -> dict:
-        return {"features": FEATURES, "trees": [{"op": op, "dtype": dt, **t.to_dict()}
-                                                for (op, dt), t in self.trees.items()]}
+        return {"features": FEATURES,
+                "trees": records({key: t.to_dict() for key, t in self.trees.items()}, OP_DTYPE)}
 
-    @staticmethod
-    def from_dict(d: dict) -> "KernelSelector":
-        return KernelSelector({(t["op"], t["dtype"]): Tree.from_dict(t) for t in d["trees"]})
+    @classmethod
+    def from_dict(cls, d: dict) -> "KernelSelector":
+        return cls({key: Tree.from_dict(t) for key, t in keyed(d["trees"], OP_DTYPE).items()})
 
 
 def selection_accuracy(selector: KernelSelector, samples) -> dict[str, float]:

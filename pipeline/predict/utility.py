@@ -17,6 +17,7 @@ import numpy as np
 from pipeline.core.dtypes import check_dtype, element_bytes
 from pipeline.core.errors import BadShapeError, MissingModelError
 from pipeline.predict.fitting import nnls_relative
+from pipeline.predict.serialize import OP_DTYPE, keyed, records
 from pipeline.predict.traffic import utility_traffic
 from pipeline.core.ops import UTILITY_OPS
 
@@ -95,15 +96,14 @@ class UtilityModel:
         return np.where(below, X @ reg["coefs"][0], X @ reg["coefs"][1])
 
     def to_dict(self) -> dict:
-        return {"kind": "utility_model", "features": FEATURES,
-                "regimes": [{"op": op, "dtype": dt, "split": r["split"], "coefs": [c.tolist() for c in r["coefs"]]}
-                            for (op, dt), r in self.regimes.items()]}
+        regimes = {key: {"split": r["split"], "coefs": [c.tolist() for c in r["coefs"]]}
+                   for key, r in self.regimes.items()}
+        return {"kind": "utility_model", "features": FEATURES, "regimes": records(regimes, OP_DTYPE)}
 
-    @staticmethod
-    def from_dict(d: dict) -> "UtilityModel":
+    @classmethod
+    def from_dict(cls, d: dict) -> "UtilityModel":
         if "coefs" in d:  # saved before regimes: one coefficient vector per (op, dtype)
-            return UtilityModel({(e["op"], e["dtype"]): {"split": None, "coefs": [np.array(e["coef"], float)]}
-                                 for e in d["coefs"]})
-        return UtilityModel({(e["op"], e["dtype"]): {"split": e["split"],
-                                                     "coefs": [np.array(c, float) for c in e["coefs"]]}
-                             for e in d["regimes"]})
+            return cls({key: {"split": None, "coefs": [np.array(e["coef"], float)]}
+                        for key, e in keyed(d["coefs"], OP_DTYPE).items()})
+        return cls({key: {"split": e["split"], "coefs": [np.array(c, float) for c in e["coefs"]]}
+                    for key, e in keyed(d["regimes"], OP_DTYPE).items()})

@@ -14,14 +14,15 @@ from pipeline.predict.attention import AttentionModel
 from pipeline.predict.evaluate import attention_predictions
 from resources.devices import DeviceRunner
 from resources.model_store import ModelStore
+from resources.quality import QualityGates
 from resources.tracking import MLflowTracking
 from resources.warehouse import DuckDBWarehouse
 
 
 @dg.asset(partitions_def=devices, group_name="characterize", kinds={"pytorch", "duckdb"}, deps=[device_spec],
           check_specs=sample_checks("attention_samples"))
-def attention_samples(context: dg.AssetExecutionContext, device_runner: DeviceRunner,
-                      warehouse: DuckDBWarehouse) -> dg.MaterializeResult:
+def attention_samples(context: dg.AssetExecutionContext, device_runner: DeviceRunner, warehouse: DuckDBWarehouse,
+                      quality_gates: QualityGates) -> dg.MaterializeResult:
     """SDPA timings per backend (flash, math; efficient and cudnn on CUDA): seq x batch*heads grid per
     head_dim and causal flag, plus held-out random shapes."""
     df = store_sweep(context, device_runner, warehouse, "attention", "attention_samples")
@@ -36,13 +37,13 @@ def attention_samples(context: dg.AssetExecutionContext, device_runner: DeviceRu
         metadata={"rows": len(df), "held_out_rows": int(df["held_out"].sum()),
                   "backends": ", ".join(sorted(df["backend"].unique())), "summary": md_table(summary),
                   "throughput_vs_seq": image_md(png, "Attention throughput vs seq (smallest batch)")},
-        check_results=check_results(df, "median_us"))
+        check_results=check_results(df, "median_us", quality_gates.gates()))
 
 
 @dg.asset(partitions_def=devices, group_name="fit", kinds={"numpy", "mlflow"}, deps=[attention_samples],
           check_specs=heldout_check("attention_model"))
 def attention_model(context: dg.AssetExecutionContext, warehouse: DuckDBWarehouse, tracking: MLflowTracking,
-                    model_store: ModelStore) -> dg.MaterializeResult:
+                    model_store: ModelStore, quality_gates: QualityGates) -> dg.MaterializeResult:
     """Per (backend, dtype, head_dim, causal): throughput over (bh, seq), interpolated; head dims between."""
     return fit_and_register(context, warehouse, tracking, model_store, "attention_model", "attention_samples",
-                            AttentionModel.fit, attention_predictions)
+                            AttentionModel.fit, attention_predictions, quality_gates.gates())

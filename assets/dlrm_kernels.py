@@ -11,6 +11,7 @@ from pipeline.predict import embedding, memory
 from pipeline.predict.evaluate import embedding_predictions, memory_predictions
 from resources.devices import DeviceRunner
 from resources.model_store import ModelStore
+from resources.quality import QualityGates
 from resources.tracking import MLflowTracking
 from resources.warehouse import DuckDBWarehouse
 
@@ -18,14 +19,14 @@ from resources.warehouse import DuckDBWarehouse
 def _samples_asset(name: str, sweep: str, doc: str):
     @dg.asset(name=name, partitions_def=devices, group_name="characterize", kinds={"pytorch", "duckdb"},
               deps=[device_spec], check_specs=sample_checks(name), description=doc)
-    def _asset(context: dg.AssetExecutionContext, device_runner: DeviceRunner,
-               warehouse: DuckDBWarehouse) -> dg.MaterializeResult:
+    def _asset(context: dg.AssetExecutionContext, device_runner: DeviceRunner, warehouse: DuckDBWarehouse,
+               quality_gates: QualityGates) -> dg.MaterializeResult:
         df = store_sweep(context, device_runner, warehouse, sweep, name)
         key = "direction" if "direction" in df else "op"
         summary = df.groupby([key, "dtype", "held_out"]).agg(rows=("median_us", "size"),
                                                              median_us=("median_us", "median")).reset_index()
         return dg.MaterializeResult(metadata={"rows": len(df), "summary": md_table(summary)},
-                                    check_results=check_results(df, "median_us"))
+                                    check_results=check_results(df, "median_us", quality_gates.gates()))
 
     return _asset
 
@@ -40,8 +41,9 @@ def _model_asset(name: str, samples, fit, predict, table_iv, doc: str):
     @dg.asset(name=name, partitions_def=devices, group_name="fit", kinds={"numpy", "mlflow"}, deps=[samples],
               check_specs=heldout_check(name), description=doc)
     def _asset(context: dg.AssetExecutionContext, warehouse: DuckDBWarehouse, tracking: MLflowTracking,
-               model_store: ModelStore) -> dg.MaterializeResult:
-        result = fit_and_register(context, warehouse, tracking, model_store, name, samples.key.path[-1], fit, predict)
+               model_store: ModelStore, quality_gates: QualityGates) -> dg.MaterializeResult:
+        result = fit_and_register(context, warehouse, tracking, model_store, name, samples.key.path[-1], fit, predict,
+                                  quality_gates.gates())
         held = warehouse.device_rows(samples.key.path[-1], context.partition_key, "held_out")
         version = result.metadata["version"]  # the model just fitted, even if it failed its check
         version = getattr(version, "value", version)

@@ -14,8 +14,9 @@ from pipeline.predict.evaluate import error_table, gemm_predictions, utility_pre
 from pipeline.predict.gemm import GemmModel
 from pipeline.predict.store import new_version
 from pipeline.predict.utility import UtilityModel
-from pipeline.analysis.quality import max_heldout_err, max_heldout_mean_err
+from pipeline.analysis.quality import Gates
 from resources.model_store import ModelStore
+from resources.quality import QualityGates
 from resources.tracking import MLflowTracking
 from resources.warehouse import DuckDBWarehouse
 
@@ -24,13 +25,15 @@ GROUP = "fit"
 
 def heldout_check(name: str) -> list[dg.AssetCheckSpec]:
     return [dg.AssetCheckSpec("heldout_error", asset=name, blocking=True,
-                              description=f"held-out relative error: median <= {max_heldout_err():.0%} for every "
-                                          f"(op, dtype) and mean <= {max_heldout_mean_err():.0%} overall; "
-                                          "predictions never use a model that fails")]
+                              description="held-out relative error: median <= max_heldout_err for every "
+                                          "(op, dtype) and mean <= max_heldout_mean_err overall (quality_gates; "
+                                          "$DEVCHAR_MAX_HELDOUT_ERR, default 0.5; $DEVCHAR_MAX_HELDOUT_MEAN_ERR, "
+                                          "default 1.0); predictions never use a model that fails")]
 
 
-def fit_and_register(context, warehouse, tracking, store, name: str, table: str, fit,
-                     predict) -> dg.MaterializeResult:
+def fit_and_register(context, warehouse, tracking, store, name: str, table: str, fit, predict,
+                     gates: Gates) -> dg.MaterializeResult:
+    """`gates`: the run's thresholds (the quality_gates resource)."""
     device = context.partition_key
     df = warehouse.device_rows(table, device)
     train, held = df[~df["held_out"]], df[df["held_out"]]
@@ -44,8 +47,8 @@ def fit_and_register(context, warehouse, tracking, store, name: str, table: str,
                                  for (op, dt), g in pred.groupby(["op", "dtype"])})
     plot_path = save_plot(png, device, f"{name}_heldout")
     worst = errors.sort_values("median_rel_err").iloc[-1]
-    passed = bool((errors["median_rel_err"] <= max_heldout_err()).all()
-                  and overall["mean_rel_err"] <= max_heldout_mean_err())
+    passed = bool((errors["median_rel_err"] <= gates.max_heldout_err).all()
+                  and overall["mean_rel_err"] <= gates.max_heldout_mean_err)
     # Saved either way (its history is worth keeping), but marked: `latest` skips failed versions.
     meta = {"device": device, "version": version, "data_hash": dhash, "train_rows": len(train),
             "heldout_rows": len(held), "errors": errors.to_dict("records"), "run_id": context.run.run_id,
@@ -65,25 +68,25 @@ def fit_and_register(context, warehouse, tracking, store, name: str, table: str,
             check_name="heldout_error", passed=passed,
             metadata={"worst_median": f"{worst['op']} {worst['dtype']}: {worst['median_rel_err']:.1%}",
                       "over_threshold": "; ".join(f"{r.op} {r.dtype}: median {r.median_rel_err:.1%}" for r in
-                                                  errors[errors["median_rel_err"] > max_heldout_err()].itertuples())
+                                                  errors[errors["median_rel_err"] > gates.max_heldout_err].itertuples())
                       or "none",
-                      "overall_mean": float(overall["mean_rel_err"]), "max_median_allowed": max_heldout_err(),
-                      "max_mean_allowed": max_heldout_mean_err()})])
+                      "overall_mean": float(overall["mean_rel_err"]), "max_median_allowed": gates.max_heldout_err,
+                      "max_mean_allowed": gates.max_heldout_mean_err})])
 
 
 @dg.asset(partitions_def=devices, group_name=GROUP, kinds={"numpy", "mlflow"}, deps=[gemm_samples],
           check_specs=heldout_check("gemm_model"))
 def gemm_model(context: dg.AssetExecutionContext, warehouse: DuckDBWarehouse, tracking: MLflowTracking,
-               model_store: ModelStore) -> dg.MaterializeResult:
+               model_store: ModelStore, quality_gates: QualityGates) -> dg.MaterializeResult:
     """Per (op, dtype) kernel: throughput over (waves, K), interpolated (PM2Lat eq. 1-2)."""
     return fit_and_register(context, warehouse, tracking, model_store, "gemm_model", "gemm_samples",
-                            GemmModel.fit, gemm_predictions)
+                            GemmModel.fit, gemm_predictions, quality_gates.gates())
 
 
 @dg.asset(partitions_def=devices, group_name=GROUP, kinds={"numpy", "mlflow"}, deps=[utility_samples],
           check_specs=heldout_check("utility_model"))
 def utility_model(context: dg.AssetExecutionContext, warehouse: DuckDBWarehouse, tracking: MLflowTracking,
-                  model_store: ModelStore) -> dg.MaterializeResult:
+                  model_store: ModelStore, quality_gates: QualityGates) -> dg.MaterializeResult:
     """Per (op, dtype): latency = non-negative linear function of bytes moved, flops and rows."""
     return fit_and_register(context, warehouse, tracking, model_store, "utility_model", "utility_samples",
-                            UtilityModel.fit, utility_predictions)
+                            UtilityModel.fit, utility_predictions, quality_gates.gates())

@@ -12,11 +12,12 @@ import dagster as dg
 from assets.common import data_hash, image_md, md_table, save_plot
 from pipeline.opencl.models.evaluate import PAPER_BENCH_MAPE, PAPER_VAL_MAPE
 from pipeline.opencl.models.fit import fit_all
-from pipeline.opencl.models.settings import max_val_mape, train_device
+from pipeline.opencl.models.settings import train_device
 from pipeline.orchestration.partitions import devices
 from pipeline.predict.store import new_version
 from resources.devices import DeviceRunner
 from resources.model_store import ModelStore
+from resources.quality import QualityGates
 from resources.tracking import MLflowTracking
 from resources.warehouse import DuckDBWarehouse
 
@@ -36,13 +37,16 @@ def _paper_table(fitted: dict) -> pd.DataFrame:
           # kernels for paper-like accuracy; a failing version is still marked in its meta.json.
           check_specs=[dg.AssetCheckSpec("validation_mape", asset="opencl_models", blocking=False,
                                          description="MAPE on kernels never trained on <= "
-                                                     "$DEVCHAR_MAX_OPENCL_VAL_MAPE (default 100 %) for every model")])
+                                                     "max_opencl_val_mape (quality_gates; "
+                                                     "$DEVCHAR_MAX_OPENCL_VAL_MAPE, default 1.0) for every model")])
 def opencl_models(context: dg.AssetExecutionContext, warehouse: DuckDBWarehouse, tracking: MLflowTracking,
-                  model_store: ModelStore, device_runner: DeviceRunner) -> dg.MaterializeResult:
+                  model_store: ModelStore, device_runner: DeviceRunner,
+                  quality_gates: QualityGates) -> dg.MaterializeResult:
     """opencl_lm, opencl_scratch and opencl_features fitted on log2(time) of the device's OpenCL launches."""
     device = context.partition_key
     launches = warehouse.device_rows("opencl_launches", device)
-    profile, torch_device, limit = device_runner.profile_name(), train_device(), max_val_mape()
+    profile, torch_device = device_runner.profile, train_device(device_runner.train_device)
+    limit = quality_gates.gates().max_opencl_val_mape
     fitted, fig2, split_sizes = fit_all(launches, profile, torch_device, seed=0, log=context.log.info)
     dhash = data_hash(launches.drop(columns=["args"]))  # args is JSON text; every other column hashes as is
     fig_path = save_plot(fig2, device, "opencl_fig2") if fig2 else None

@@ -16,7 +16,9 @@ from pipeline.orchestration.jobs import characterize_device, recalibrate
 from pipeline.orchestration.schedules import weekly_recalibration
 from pipeline.orchestration.sensors import local_device_sensor
 from resources.devices import DeviceRunner
+from resources.env import from_env
 from resources.model_store import ModelStore
+from resources.quality import QualityGates
 from resources.tracking import MLflowTracking
 from resources.warehouse import DuckDBWarehouse
 
@@ -25,8 +27,11 @@ defs = dg.Definitions(
             workload_runs, gemm_model, utility_model, attention_model, embedding_model, memory_model, mlp_baselines,
             model_evaluation, overhead_traces, overhead_model, transformer_predictions, dlrm_predictions,
             accuracy_report, opencl_launches, opencl_models, gemm_config_sweep, gemm_config_model],
-    resources={"warehouse": DuckDBWarehouse(), "tracking": MLflowTracking(), "device_runner": DeviceRunner(),
-               "model_store": ModelStore()},
+    # The DEVCHAR_* variables that are set feed their fields as dg.EnvVar (resources/env.py);
+    # run config overrides them (`devchar run --profile`).
+    resources={"warehouse": from_env(DuckDBWarehouse), "tracking": MLflowTracking(),
+               "device_runner": from_env(DeviceRunner), "model_store": ModelStore(),
+               "quality_gates": from_env(QualityGates)},
     jobs=[characterize_device, recalibrate],
     schedules=[weekly_recalibration],
     sensors=[local_device_sensor],

@@ -13,12 +13,12 @@ from __future__ import annotations
 import sys
 import tempfile
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
 import dagster as dg
 import pandas as pd
 
-from pipeline.core.config import REPO_ROOT, profile_name, reference_root
+from pipeline.core.config import REPO_ROOT, reference_root
 from pipeline.core.errors import UnknownDeviceError
 from pipeline.runner import SWEEPS, tables_of
 from pipeline.core.slugs import SLUG, check_slug, under
@@ -58,7 +58,10 @@ def reference_file(device: str, table: str) -> Path | None:
 
 
 class DeviceRunner(dg.ConfigurableResource):
-    profile: str = ""  # empty: $DEVCHAR_PROFILE or "quick"
+    # the variables that feed these fields where set (resources/env.py)
+    ENV: ClassVar[dict[str, str]] = {"profile": "DEVCHAR_PROFILE", "train_device": "DEVCHAR_TRAIN_DEVICE"}
+
+    profile: str = "quick"  # sweep size: tiny (tests), quick or full (pipeline/sweeps/profiles.py)
     # A fresh process per sweep: each starts from the same allocator and cache state (a long
     # in-process run leaves glibc's mmap threshold raised, which hides the page faults large
     # outputs pay in a real run), and a crashing or hung kernel takes down only the child.
@@ -66,9 +69,9 @@ class DeviceRunner(dg.ConfigurableResource):
     # "auto": a local device is measured, any other partition loads its reference calibration;
     # "reference": the committed calibration always, never a measurement
     source: Literal["auto", "reference"] = "auto"
-
-    def profile_name(self) -> str:
-        return self.profile or profile_name()
+    # where fits that train on a device (the OpenCL prompt models) run; empty: the GPU when
+    # torch sees one, else the CPU
+    train_device: str = ""
 
     def run(self, context: dg.AssetExecutionContext, sweep: str, device: str) -> pd.DataFrame:
         """The sweep's main table."""
@@ -92,13 +95,13 @@ class DeviceRunner(dg.ConfigurableResource):
             return self._run_subprocess(context, sweep, device)
         from pipeline.runner import run_sweep_tables
 
-        tables = run_sweep_tables(sweep, device, self.profile_name(), context.run.run_id[:12], log=context.log.info)
+        tables = run_sweep_tables(sweep, device, self.profile, context.run.run_id[:12], log=context.log.info)
         return {t: pd.DataFrame(rows) for t, rows in tables.items()}
 
     def _run_subprocess(self, context: dg.AssetExecutionContext, sweep: str, device: str) -> dict[str, pd.DataFrame]:
         with tempfile.TemporaryDirectory(prefix="devchar-runner-") as out:
             cmd = [sys.executable, "-m", "pipeline.runner", sweep, "--device", device, "--profile",
-                   self.profile_name(), "--out", out, "--run-id", context.run.run_id[:12]]
+                   self.profile, "--out", out, "--run-id", context.run.run_id[:12]]
             dg.PipesSubprocessClient(cwd=str(REPO_ROOT)).run(command=cmd, context=context).get_results()
             tables = {}
             for table in tables_of(sweep):

@@ -2,19 +2,21 @@
 from __future__ import annotations
 
 import re
-import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Optional
+from typing import ClassVar
 
-import dagster as dg
 import duckdb
 import pandas as pd
+from dagster._utils.backoff import backoff
+from dagster_duckdb import DuckDBResource
+from pydantic import Field, field_validator
 
-from pipeline.core.config import duckdb_path, lock_wait_seconds
+from pipeline.core.config import duckdb_path
 from pipeline.core.errors import DevcharError, WarehouseLockedError
 from pipeline.core.slugs import check_slug
 from pipeline.core.tables import SQL_TYPES, check_columns, contract
+from resources.env import as_text, number
 
 TABLES = ("devices", "gemm_samples", "utility_samples", "attention_samples", "embedding_samples", "memory_samples",
           "overhead_samples", "workload_graphs", "opencl_launches", "workload_runs", "predictions", "model_errors",
@@ -63,40 +65,80 @@ def locked_message(path: Path, duckdb_message: str, waited_s: float) -> str:
             "read-only (duckdb -readonly)")
 
 
-class DuckDBWarehouse(dg.ConfigurableResource):
-    """Tables named in ARCHITECTURE.md; every row carries `device` and `run_id`."""
+class _Locked(Exception):
+    """A connection refused because another process holds the file: the one error retried."""
 
-    path: str = ""  # empty: $DEVCHAR_HOME/devchar.duckdb
-    # how long to wait for another process's write lock before giving up; None: DEVCHAR_LOCK_WAIT_S, else 60 s
-    lock_wait_s: Optional[float] = None
+
+def _open(path: str, read_only: bool, config: dict) -> duckdb.DuckDBPyConnection:
+    try:
+        return duckdb.connect(path, read_only=read_only, config=config)
+    except duckdb.IOException as exc:
+        if "lock" not in str(exc).lower():
+            raise
+        raise _Locked(str(exc)) from exc
+
+
+def lock_pauses(wait_s: float) -> list[float]:
+    """The pauses between connection attempts: 0.05 s doubling to at most 2 s, adding up to wait_s."""
+    pauses, pause, left = [], 0.05, wait_s
+    while left > 1e-9:
+        pauses.append(min(pause, left))
+        left, pause = left - pauses[-1], min(pause * 2, 2.0)
+    return pauses
+
+
+class DuckDBWarehouse(DuckDBResource):
+    """Tables named in ARCHITECTURE.md; every row carries `device` and `run_id`.
+
+    A DuckDBResource (its `database` and `connection_config`; get_connection() opens the
+    warehouse read-write), whose connections wait for another process's lock as
+    DuckDBResource's do, through dagster's backoff(), but on the warehouse's own terms:
+    DuckDBResource.get_connection retries a fixed 10 times (0.1 s doubling, about 102 s), on
+    any IOException, read-write only, and gives up with DuckDB's bare error. Here the wait is
+    lock_wait_s (DEVCHAR_LOCK_WAIT_S, 60 s), only a lock conflict is retried, a read-only
+    connection stays read-only, and giving up names the process that holds the file."""
+
+    ENV: ClassVar[dict[str, str]] = {"lock_wait_s": "DEVCHAR_LOCK_WAIT_S"}  # resources/env.py
+
+    database: str = Field(default="", description="the DuckDB file; empty: $DEVCHAR_HOME/devchar.duckdb")
+    # seconds to wait for another process's lock before giving up (a str: an EnvVar feeds it)
+    lock_wait_s: str = "60"
+
+    _seconds = field_validator("lock_wait_s", mode="before")(as_text)  # lock_wait_s=0.5 as "0.5"
+
+    @classmethod
+    def _is_dagster_maintained(cls) -> bool:
+        return False
 
     def db_path(self) -> Path:
-        return Path(self.path) if self.path else duckdb_path()
+        return Path(self.database) if self.database else duckdb_path()
+
+    @contextmanager
+    def get_connection(self):
+        """DuckDBResource's read-write connection, to db_path(), waiting as connect() does."""
+        with self.connect() as con:
+            yield con
 
     @contextmanager
     def connect(self, read_only: bool = False, config: dict | None = None):
         """Opens the file, waiting (with back-off, up to lock_wait_s) while another process holds
         it: DuckDB allows one writer per file, and a process that has it open read-write shuts
         every other process out. Giving up raises WarehouseLockedError naming the holder.
-        Read-only never creates anything: no file, no directory."""
+        Read-only never creates anything: no file, no directory. `config` adds DuckDB settings
+        to connection_config's."""
         path = self.db_path()
         if read_only and not path.is_file():
             raise DevcharError(f"no warehouse at {path}; run `devchar run` or `devchar load` first")
         if not read_only:
             path.parent.mkdir(parents=True, exist_ok=True)
-        wait_s = lock_wait_seconds() if self.lock_wait_s is None else self.lock_wait_s
-        deadline, pause = time.monotonic() + wait_s, 0.05
-        while True:
-            try:
-                con = duckdb.connect(str(path), read_only=read_only, config=config or {})
-                break
-            except duckdb.IOException as exc:
-                if "lock" not in str(exc).lower():
-                    raise
-                if time.monotonic() >= deadline:
-                    raise WarehouseLockedError(locked_message(path, str(exc), wait_s)) from exc
-                time.sleep(min(pause, max(deadline - time.monotonic(), 0.0)))
-                pause = min(pause * 2, 2.0)
+        wait_s = number(self, "lock_wait_s")
+        pauses = lock_pauses(wait_s)
+        settings = {**self.connection_config, **(config or {})}
+        try:
+            con = backoff(_open, retry_on=(_Locked,), args=(str(path), read_only, settings), max_retries=len(pauses),
+                          delay_generator=(p for p in pauses))
+        except _Locked as exc:
+            raise WarehouseLockedError(locked_message(path, str(exc), wait_s)) from exc.__cause__
         try:
             yield con
         finally:

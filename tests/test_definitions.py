@@ -9,13 +9,21 @@ SAMPLE_TABLES = ("devices", "gemm_samples", "utility_samples", "attention_sample
                  "memory_samples", "overhead_samples", "workload_graphs", "workload_runs", "predictions", "model_errors")
 
 
-def _materialize(slug: str, instance: dg.DagsterInstance, raise_on_error: bool = True):
+def _materialize(slug: str, instance: dg.DagsterInstance, raise_on_error: bool = True, profile: str = "tiny",
+                 **gates: str):
+    """The characterize_device job, with `profile` and quality `gates` given as run config, as
+    `devchar run --profile` gives them (the environment is read when the code location loads)."""
     from pipeline.definitions import defs
 
     if not instance.has_dynamic_partition("devices", slug):
         instance.add_dynamic_partitions("devices", [slug])
+    run_config = {"resources": {"device_runner": {"config": {"profile": profile}},
+                                "quality_gates": {"config": gates}}}
     return defs.resolve_job_def("characterize_device").execute_in_process(
-        partition_key=slug, instance=instance, raise_on_error=raise_on_error)
+        partition_key=slug, instance=instance, raise_on_error=raise_on_error, run_config=run_config)
+
+
+NO_ERROR_GATE = {"max_heldout_err": "1e9", "max_heldout_mean_err": "1e9"}
 
 
 def _counts(wh: DuckDBWarehouse, device: str) -> dict:
@@ -32,14 +40,11 @@ def test_definitions_load():
 
 
 @pytest.mark.slow
-def test_quick_profile_end_to_end(devchar_home, monkeypatch):
+def test_quick_profile_end_to_end(devchar_home):
     """The whole quick profile: every table filled, models saved, predictions beside measurements."""
-    monkeypatch.setenv("DEVCHAR_PROFILE", "quick")
-    monkeypatch.setenv("DEVCHAR_MAX_HELDOUT_ERR", "1e9")
-    monkeypatch.setenv("DEVCHAR_MAX_HELDOUT_MEAN_ERR", "1e9")  # accuracy is reported by `devchar run`, not asserted
     slug = identify("cpu").slug
-    with dg.instance_for_test() as instance:
-        result = _materialize(slug, instance)
+    with dg.instance_for_test() as instance:  # accuracy is reported by `devchar run`, not asserted
+        result = _materialize(slug, instance, profile="quick", **NO_ERROR_GATE)
     assert result.success
     wh = DuckDBWarehouse()
     counts = _counts(wh, slug)
@@ -89,19 +94,16 @@ def _what_if_from_the_captured_graphs(slug: str):
     assert any("one batched EmbeddingBag" in ln for ln in lines)
 
 
-def test_rematerializing_replaces_rows_and_spares_other_devices(devchar_home, monkeypatch):
-    monkeypatch.setenv("DEVCHAR_PROFILE", "tiny")
-    monkeypatch.setenv("DEVCHAR_MAX_HELDOUT_ERR", "1e9")
-    monkeypatch.setenv("DEVCHAR_MAX_HELDOUT_MEAN_ERR", "1e9")
+def test_rematerializing_replaces_rows_and_spares_other_devices(devchar_home):
     slug = identify("cpu").slug
     wh = DuckDBWarehouse()
     with dg.instance_for_test() as instance:
-        assert _materialize(slug, instance).success
+        assert _materialize(slug, instance, **NO_ERROR_GATE).success
         # another device's rows, as if loaded from a reference calibration
         other = wh.query("SELECT * FROM gemm_samples WHERE device = ?", [slug]).assign(device="cuda-other-gpu")
         wh.replace_partition("gemm_samples", "cuda-other-gpu", other)
         first = _counts(wh, slug)
-        assert _materialize(slug, instance).success
+        assert _materialize(slug, instance, **NO_ERROR_GATE).success
     second = _counts(wh, slug)
     # gemm_samples' training grid follows the tile the probe measures, which a noisy tiny-profile
     # run may find differently: there, no shape twice and one run's rows stand for "replaced"
@@ -115,12 +117,10 @@ def test_rematerializing_replaces_rows_and_spares_other_devices(devchar_home, mo
     assert left == len(other)
 
 
-def test_failing_heldout_check_blocks_predictions(devchar_home, monkeypatch):
-    monkeypatch.setenv("DEVCHAR_PROFILE", "tiny")
-    monkeypatch.setenv("DEVCHAR_MAX_HELDOUT_ERR", "0")  # no model can pass
+def test_failing_heldout_check_blocks_predictions(devchar_home):
     slug = identify("cpu").slug
     with dg.instance_for_test() as instance:
-        result = _materialize(slug, instance, raise_on_error=False)
+        result = _materialize(slug, instance, raise_on_error=False, max_heldout_err="0")  # no model can pass
     assert not result.success
     wh = DuckDBWarehouse()
     assert not wh.has_table("predictions")
@@ -139,8 +139,7 @@ def test_failing_heldout_check_blocks_predictions(devchar_home, monkeypatch):
         ModelStore().load(slug, "gemm_model")
 
 
-def test_unregistered_device_fails_and_writes_nothing(devchar_home, monkeypatch):
-    monkeypatch.setenv("DEVCHAR_PROFILE", "tiny")
+def test_unregistered_device_fails_and_writes_nothing(devchar_home):
     with dg.instance_for_test() as instance:
         result = _materialize("cuda-no-such-gpu", instance, raise_on_error=False)
     assert not result.success

@@ -139,14 +139,15 @@ def test_pick_configs_sweeps_the_most_chosen_first():
 
 # -- the assets -------------------------------------------------------------------------------
 def _materialize(slug, instance):
-    """device_spec and the three gemm_config assets, in process, with the real resources."""
+    """device_spec and the three gemm_config assets, in process, with the real resources (the tiny profile)."""
     from assets.gemm_configs import gemm_config_model, gemm_config_sweep
     from assets.samples import device_spec
     from pipeline.definitions import defs
+    from resources.devices import DeviceRunner
 
     instance.add_dynamic_partitions("devices", [slug])
     return dg.materialize([device_spec, gemm_config_sweep, gemm_config_model], partition_key=slug, instance=instance,
-                          resources=defs.resources)
+                          resources={**defs.resources, "device_runner": DeviceRunner(profile="tiny")})
 
 
 def test_assets_fit_a_reference_gpu_calibration(devchar_home, tmp_path, monkeypatch):
@@ -177,11 +178,10 @@ def test_assets_fit_a_reference_gpu_calibration(devchar_home, tmp_path, monkeypa
     assert sorted(model.models) == ["mm:NN"]
 
 
-def test_assets_are_not_applicable_on_a_cpu(devchar_home, monkeypatch):
+def test_assets_are_not_applicable_on_a_cpu(devchar_home):
     from pipeline.device.discover import identify
     from resources.warehouse import DuckDBWarehouse
 
-    monkeypatch.setenv("DEVCHAR_PROFILE", "tiny")
     slug = identify("cpu").slug
     with dg.instance_for_test() as instance:
         result = _materialize(slug, instance)

@@ -150,23 +150,24 @@ def test_corrupt_or_missing_saved_model_is_one_clear_error(launches, tmp_path):
         store.load(tmp_path, "cpu-test", "opencl_lm")
 
 
-def test_asset_writes_model_errors_and_checks_validation_mape(launches, devchar_home, monkeypatch):
+def test_asset_writes_model_errors_and_checks_validation_mape(launches, devchar_home):
     import dagster as dg
 
     from assets.opencl_models import opencl_models
     from resources.devices import DeviceRunner
     from resources.model_store import ModelStore
+    from resources.quality import QualityGates
     from resources.tracking import MLflowTracking
     from resources.warehouse import DuckDBWarehouse
 
-    monkeypatch.setenv("DEVCHAR_MAX_OPENCL_VAL_MAPE", "1000")
     wh = DuckDBWarehouse()
     wh.replace_partition("opencl_launches", "cpu-fixture", launches)
     instance = dg.DagsterInstance.ephemeral()
     instance.add_dynamic_partitions("devices", ["cpu-fixture"])
     result = dg.materialize([opencl_models], partition_key="cpu-fixture", instance=instance,
                             resources={"warehouse": wh, "tracking": MLflowTracking(), "model_store": ModelStore(),
-                                       "device_runner": DeviceRunner(profile="tiny")})
+                                       "device_runner": DeviceRunner(profile="tiny"),
+                                       "quality_gates": QualityGates(max_opencl_val_mape=1000)})
     assert result.success
     assert all(c.passed for c in result.get_asset_check_evaluations())
     errors = wh.query("SELECT * FROM model_errors WHERE device = 'cpu-fixture'")

@@ -226,13 +226,15 @@ def test_asset_stores_the_device_rows_and_passes_its_checks(devchar_home):
     from assets.opencl import opencl_launches
     from pipeline.device.discover import identify
     from resources.devices import DeviceRunner
+    from resources.quality import QualityGates
     from resources.warehouse import DuckDBWarehouse
 
     slug = identify("cpu").slug
     instance = dg.DagsterInstance.get()
     instance.add_dynamic_partitions("devices", [slug])
     result = dg.materialize([opencl_launches], partition_key=slug, instance=instance,
-                            resources={"device_runner": DeviceRunner(profile="tiny"), "warehouse": DuckDBWarehouse()})
+                            resources={"device_runner": DeviceRunner(profile="tiny"), "warehouse": DuckDBWarehouse(),
+                                       "quality_gates": QualityGates()})
     assert result.success
     checks = {c.check_name: c.passed for c in result.get_asset_check_evaluations()}
     assert checks["finite_positive"] and checks["some_launches_ok"]

@@ -63,6 +63,7 @@ def test_subprocess_mode_through_dagster_pipes(devchar_home, monkeypatch):
     from assets.samples import device_spec, utility_samples
     from pipeline.orchestration.partitions import devices
     from resources.devices import DeviceRunner
+    from resources.quality import QualityGates
     from resources.warehouse import DuckDBWarehouse
 
     slug = identify("cpu").slug
@@ -70,7 +71,7 @@ def test_subprocess_mode_through_dagster_pipes(devchar_home, monkeypatch):
         instance.add_dynamic_partitions(devices.name, [slug])
         result = dg.materialize([device_spec, utility_samples], partition_key=slug, instance=instance,
                                 resources={"device_runner": DeviceRunner(profile="tiny", mode="subprocess"),
-                                           "warehouse": DuckDBWarehouse()})
+                                           "warehouse": DuckDBWarehouse(), "quality_gates": QualityGates()})
     assert result.success
     n = DuckDBWarehouse().query("SELECT count(*) AS n FROM utility_samples WHERE device = ?", [slug])["n"].iloc[0]
     assert n > 0

@@ -4,13 +4,13 @@ Three numbers per (source, op, dtype), all mean relative errors:
   devchar vs peer   devchar's prediction (from a calibration of our H100) against their lab;
   ours vs peer      the same shapes timed on our H100 against their lab: lab-to-lab spread;
   devchar vs ours   the prediction against our own timing: devchar's own error.
-The peer data stay in ../shared/reference (or $DEVCHAR_REFERENCE_DIR); only their shapes are
+The peer data stay in ../shared/reference (PEER_DIR; `devchar reference` takes
+$DEVCHAR_REFERENCE_DIR instead where set); only their shapes are
 committed (REFERENCE_SHAPES), so a GPU node can time them with the runner's `reference`
 sweep without the peer files. No torch here.
 """
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
@@ -30,8 +30,7 @@ _VIDUR_GEMMS = {
 }
 
 
-def reference_dir() -> Path:
-    return Path(os.environ.get("DEVCHAR_REFERENCE_DIR", REPO_ROOT.parent / "shared" / "reference"))
+PEER_DIR = REPO_ROOT.parent / "shared" / "reference"  # holds neusight-h100/ and vidur-h100/
 
 
 def _need(path: Path) -> Path:
@@ -41,9 +40,8 @@ def _need(path: Path) -> Path:
     return path
 
 
-def neusight_kernels(root: Path | None = None) -> pd.DataFrame:
+def neusight_kernels(root: Path = PEER_DIR) -> pd.DataFrame:
     """NeuSight's linear and bmm kernels (fp32, TF32 off): shape columns and peer_us."""
-    root = root or reference_dir()
     frames = []
     for op in ("linear", "bmm"):
         df = pd.read_csv(_need(root / "neusight-h100" / "kernels" / f"{op}.csv"))
@@ -53,9 +51,8 @@ def neusight_kernels(root: Path | None = None) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True)
 
 
-def vidur_gemms(root: Path | None = None) -> pd.DataFrame:
+def vidur_gemms(root: Path = PEER_DIR) -> pd.DataFrame:
     """Vidur's fp16 GEMMs (linear without bias is close enough: the epilogue adds ~nothing)."""
-    root = root or reference_dir()
     rows = []
     for name in ("llama-2-7b-mlp", "phi-2-mlp"):
         df = pd.read_csv(_need(root / "vidur-h100" / f"{name}.csv"))
@@ -71,11 +68,11 @@ def vidur_gemms(root: Path | None = None) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def peers(root: Path | None = None) -> pd.DataFrame:
+def peers(root: Path = PEER_DIR) -> pd.DataFrame:
     return pd.concat([neusight_kernels(root), vidur_gemms(root)], ignore_index=True)
 
 
-def write_shapes(path: Path = REFERENCE_SHAPES, root: Path | None = None) -> int:
+def write_shapes(path: Path = REFERENCE_SHAPES, root: Path = PEER_DIR) -> int:
     shapes = peers(root)[SHAPE_COLS].drop_duplicates().sort_values(SHAPE_COLS)
     shapes.to_csv(path, index=False)
     return len(shapes)
@@ -105,5 +102,8 @@ def compare(gemm_model, peer: pd.DataFrame, ours: pd.DataFrame | None = None) ->
         devchar_vs_ours=("devchar_vs_ours", "mean")).reset_index()
 
 
-if __name__ == "__main__":
-    print(f"{write_shapes()} shapes -> {REFERENCE_SHAPES}")
+if __name__ == "__main__":  # an entry point: where the peer files are is the caller's setting
+    import os
+
+    print(f"{write_shapes(root=Path(os.environ.get('DEVCHAR_REFERENCE_DIR', PEER_DIR)))} shapes -> "
+          f"{REFERENCE_SHAPES}")

@@ -7,7 +7,7 @@ import os
 from dataclasses import dataclass, field
 
 from pipeline.core.errors import DevcharError
-from pipeline.analysis.quality import max_heldout_err, max_heldout_mean_err, max_noisy_share
+from pipeline.analysis.quality import Gates
 
 SAMPLE_TABLES = ("gemm_samples", "utility_samples", "attention_samples", "embedding_samples", "memory_samples")
 
@@ -88,7 +88,8 @@ def noisy_shares(warehouse, device: str) -> dict[str, tuple[float, float]]:
 
 
 def explain_failure(checks: list[FailedCheck], steps: list[FailedStep], noisy: dict[str, tuple[float, float]],
-                    threads: int | None) -> str:
+                    threads: int | None, gates: Gates = Gates()) -> str:
+    """`gates`: the thresholds the run's checks applied (the quality_gates resource)."""
     lines = []
     for c in checks:
         kind = "blocking check" if c.blocking else "check (warning)"
@@ -100,7 +101,7 @@ def explain_failure(checks: list[FailedCheck], steps: list[FailedStep], noisy: d
         lines.append(f"  step {s.step} failed: {s.message.strip().splitlines()[0][:300] if s.message else '?'}")
     if noisy:
         parts = [f"{t} {n:.0%}" + (f" (stalled {st:.0%})" if st else "") for t, (n, st) in noisy.items()]
-        flag = " - above DEVCHAR_MAX_NOISY_SHARE" if any(n > max_noisy_share() for n, _ in noisy.values()) else ""
+        flag = " - above DEVCHAR_MAX_NOISY_SHARE" if any(n > gates.max_noisy_share for n, _ in noisy.values()) else ""
         lines.append(f"  noisy rows after one re-measure: {', '.join(parts)}{flag}")
     if hasattr(os, "getloadavg"):
         one, five, _ = os.getloadavg()
@@ -108,6 +109,6 @@ def explain_failure(checks: list[FailedCheck], steps: list[FailedStep], noisy: d
         lines.append(f"  load average now {one:.1f} (1 min), {five:.1f} (5 min) on {threads or '?'} threads{busy}")
     lines.append("  what to do: re-run on an otherwise idle machine (another process on the cores stalls "
                  "timings); `devchar run --profile full` measures more points; the held-out gates are "
-                 f"DEVCHAR_MAX_HELDOUT_ERR={max_heldout_err()} (median per op and dtype) and "
-                 f"DEVCHAR_MAX_HELDOUT_MEAN_ERR={max_heldout_mean_err()} (mean over all shapes)")
+                 f"DEVCHAR_MAX_HELDOUT_ERR={gates.max_heldout_err} (median per op and dtype) and "
+                 f"DEVCHAR_MAX_HELDOUT_MEAN_ERR={gates.max_heldout_mean_err} (mean over all shapes)")
     return "\n".join(lines)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 from pipeline.core.config import dagster_home, devchar_home
 
@@ -18,9 +19,19 @@ def prepare_home() -> None:
 
 
 def warehouse():
+    """The warehouse as the code location configures it (DEVCHAR_LOCK_WAIT_S read now)."""
+    from resources.env import resolved
     from resources.warehouse import DuckDBWarehouse
 
-    return DuckDBWarehouse()
+    return resolved(DuckDBWarehouse)
+
+
+def peer_dir() -> Path:
+    """`devchar reference`'s peer files: $DEVCHAR_REFERENCE_DIR, else ../shared/reference. Read
+    here, at the entry point: a folder on this machine, not configuration of a Dagster run."""
+    from pipeline.analysis.reference import PEER_DIR
+
+    return Path(os.environ.get("DEVCHAR_REFERENCE_DIR", PEER_DIR))
 
 
 def local_slug(device: str | None) -> str:

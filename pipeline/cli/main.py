@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -15,8 +14,6 @@ LOCAL_KINDS = ("auto", "cpu", "cuda")
 
 
 def cmd_run(args) -> int:
-    if args.profile:
-        os.environ["DEVCHAR_PROFILE"] = args.profile
     prepare_home()
     import dagster as dg
 
@@ -35,11 +32,9 @@ def cmd_run(args) -> int:
     instance = dg.DagsterInstance.get()
     if not instance.has_dynamic_partition(devices.name, slug):
         instance.add_dynamic_partitions(devices.name, [slug])
-    print(f"devchar: characterizing {slug} ({source}; profile {os.environ.get('DEVCHAR_PROFILE', 'quick')}); "
+    run_config = run_config_for(args, reference=selection is not None)
+    print(f"devchar: characterizing {slug} ({source}; profile {run_profile(run_config)}); "
           f"state in {devchar_home()}", flush=True)
-    run_config = {"loggers": {"console": {"config": {"log_level": args.log_level}}}}
-    if selection is not None:
-        run_config["resources"] = {"device_runner": {"config": {"source": "reference"}}}
     result = defs.resolve_job_def("characterize_device").execute_in_process(
         partition_key=slug, instance=instance, raise_on_error=False, run_config=run_config,
         asset_selection=selection)
@@ -49,10 +44,32 @@ def cmd_run(args) -> int:
     return _report_run(result, slug)
 
 
+def run_config_for(args, reference: bool) -> dict:
+    """The run config of `devchar run`: the console's log level, and the device_runner's
+    settings that the command line gives (--profile; a reference calibration for --device
+    <slug>) over what the code location configures (DEVCHAR_PROFILE, resources/env.py)."""
+    runner = {**({"profile": args.profile} if args.profile else {}), **({"source": "reference"} if reference else {})}
+    run_config = {"loggers": {"console": {"config": {"log_level": args.log_level}}}}
+    if runner:
+        run_config["resources"] = {"device_runner": {"config": runner}}
+    return run_config
+
+
+def run_profile(run_config: dict) -> str:
+    """The profile the run sweeps with: run config's, else the code location's device_runner's."""
+    from resources.devices import DeviceRunner
+    from resources.env import resolved
+
+    given = run_config.get("resources", {}).get("device_runner", {}).get("config", {}).get("profile")
+    return given or resolved(DeviceRunner).profile
+
+
 def _report_run(result, slug: str) -> int:
     """cmd_run's verdict on a finished run: 0, 130 for an interrupted one (told as such, not as
     the steps the interrupt stopped), 1 for a failure, explained (pipeline/analysis/run_report.py)."""
     from pipeline.analysis.run_report import device_threads, explain_failure, failures, interrupted_steps, noisy_shares
+    from resources.env import resolved
+    from resources.quality import QualityGates
 
     interrupted = interrupted_steps(result.all_events)
     if interrupted is not None:
@@ -65,7 +82,8 @@ def _report_run(result, slug: str) -> int:
         wh = warehouse()
         where = [c.asset for c in checks if c.blocking] + [s.step for s in steps]
         print(f"devchar: run {result.run_id} failed at {where}; its logs: `make ui`", file=sys.stderr)
-        print(explain_failure(checks, steps, noisy_shares(wh, slug), device_threads(wh, slug)), file=sys.stderr)
+        print(explain_failure(checks, steps, noisy_shares(wh, slug), device_threads(wh, slug),
+                              resolved(QualityGates).gates()), file=sys.stderr)
         return 1
     return 0
 

@@ -3,7 +3,7 @@ graphs and the peer-reference comparison (split from cli.py, which parses and di
 from __future__ import annotations
 
 
-from pipeline.cli.common import local_slug, warehouse
+from pipeline.cli.common import local_slug, peer_dir, warehouse
 from pipeline.core.errors import DevcharError, check_dims
 
 
@@ -152,7 +152,7 @@ def cmd_reference(args) -> int:
         ours = wh.device_rows("reference_timings", device)
     except DevcharError:  # not timed on this device (yet): the peer comparison alone
         ours = None
-    table = compare(_load_model(device, "gemm_model"), peers(), ours)
+    table = compare(_load_model(device, "gemm_model"), peers(peer_dir()), ours)
     if ours is None:
         print(f"(no reference_timings for {device}: run `python -m pipeline.runner reference` on it and "
               "`devchar load` the output to see ours_vs_peer and devchar_vs_ours)")

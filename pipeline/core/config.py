@@ -11,6 +11,10 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def devchar_home() -> Path:
+    # Read from the environment, not Dagster configuration: it locates the state directory,
+    # DAGSTER_HOME included, before Dagster starts, and every process of a run (Pipes runner
+    # subprocesses, `dagster dev` workers) must agree on it. The pipeline's knobs (profile,
+    # thresholds, lock wait) are resource configuration instead (resources/env.py).
     return Path(os.environ.get("DEVCHAR_HOME", "./.devchar")).expanduser().resolve()
 
 
@@ -37,12 +41,3 @@ def model_store_root() -> Path:
 
 def reference_root() -> Path:
     return REPO_ROOT / "models_store" / "reference"
-
-
-def profile_name() -> str:
-    return os.environ.get("DEVCHAR_PROFILE", "quick")
-
-
-def lock_wait_seconds() -> float:
-    """How long a warehouse connection waits for another process's lock (DEVCHAR_LOCK_WAIT_S, default 60)."""
-    return float(os.environ.get("DEVCHAR_LOCK_WAIT_S", "60"))

@@ -8,7 +8,6 @@ on a GPU `quick` also trains bigger (CUDA_SIZES).
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 from pipeline.core.errors import DevcharError
@@ -72,14 +71,9 @@ def sizes_for(profile: str, torch_device: str) -> Sizes:
     return CUDA_SIZES.get(profile, base) if str(torch_device).startswith("cuda") else base
 
 
-def train_device() -> str:
-    """Where the prompt models train: $DEVCHAR_TRAIN_DEVICE, else the GPU when torch sees one."""
+def train_device(requested: str = "") -> str:
+    """Where the prompt models train: `requested` (the device_runner resource's train_device,
+    $DEVCHAR_TRAIN_DEVICE) if given, else the GPU when torch sees one."""
     import torch
 
-    return os.environ.get("DEVCHAR_TRAIN_DEVICE") or ("cuda" if torch.cuda.is_available() else "cpu")
-
-
-def max_val_mape() -> float:
-    """Validation MAPE (a fraction) above which an OpenCL model fails its check; the paper's
-    best is 0.24 on 400K launches, a quick CPU sweep has a few hundred."""
-    return float(os.environ.get("DEVCHAR_MAX_OPENCL_VAL_MAPE", "1.0"))
+    return requested or ("cuda" if torch.cuda.is_available() else "cpu")

@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 export DEVCHAR_HOME ?= $(CURDIR)/.devchar
 
-.PHONY: run test check-references ui mlflow lock clean
+.PHONY: run test test-slow test-all check-references ui mlflow lock clean
 
 # Re-installs only when the requirements change (the stamp is older than them).
 $(STAMP): requirements.txt requirements.lock pyproject.toml
@@ -20,9 +20,16 @@ $(STAMP): requirements.txt requirements.lock pyproject.toml
 run: $(STAMP)
 	$(VENV)/bin/devchar run
 
+# Fast tier (unit tests and tiny-profile integration); `make test-all` adds the slow tier
+# (quick-profile materializations), marked `slow`. Tests marked `gpu` skip without CUDA.
 test: $(STAMP)
 	$(VENV)/bin/lint-imports --no-cache
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -m "not slow"
+
+test-slow: $(STAMP)
+	$(PY) -m pytest -q -m slow
+
+test-all: test test-slow
 
 # Fit, predict and check every committed reference calibration (models_store/reference/<slug>/),
 # each in a data directory of its own: nothing is measured, the blocking held-out checks gate.

@@ -135,3 +135,25 @@ def step_time_vs_batch(pred) -> bytes:
         label_axes(ax, config, "batch", "ms per step")
         ax.legend(fontsize=6)
     return to_png(plt, fig, axes, len(groups))
+
+
+def advice_plot(table, title: str = "") -> bytes:
+    """Co-design paper Figs. 5-10 style: predicted throughput against each searched dimension,
+    one panel per dimension (MLP TFLOP/s for the intermediate size, tokens/s of the whole step
+    otherwise), the original value marked, and measured points where the table has them."""
+    groups = [(d, g.sort_values("value")) for d, g in table.groupby("dimension", sort=False)]
+    plt, fig, axes = new_figure(len(groups))
+    for ax, (dim, g) in zip(axes, groups):
+        mlp = dim == "ffn"
+        y = g["mlp_tflops"] if mlp else 1e6 / g["us_per_token"]
+        ax.plot(g["value"], y, marker="." if len(g) < 60 else None, ms=4, lw=0.8, label="predicted")
+        orig = g[g["is_original"]]
+        ax.scatter(orig["value"], (orig["mlp_tflops"] if mlp else 1e6 / orig["us_per_token"]), c="k", s=25,
+                   zorder=3, label="original")
+        if "measured_us_per_token" in g and g["measured_us_per_token"].notna().any() and not mlp:
+            m = g[g["measured_us_per_token"].notna()]
+            ax.scatter(m["value"], 1e6 / m["measured_us_per_token"], marker="x", c="r", s=30, zorder=4,
+                       label="measured")
+        label_axes(ax, f"{title} {dim}".strip(), dim, "MLP TFLOP/s" if mlp else "tokens/s", loglog=False)
+        ax.legend(fontsize=6)
+    return to_png(plt, fig, axes, len(groups))

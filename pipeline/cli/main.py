@@ -326,6 +326,7 @@ def build_parser() -> argparse.ArgumentParser:
                                      "DuckDB (all or nothing)")
     ld.add_argument("dir", help="holds <table>.parquet or <table>.jsonl files")
     ld.set_defaults(fn=cmd_load)
+    __import__("pipeline.cli.advise", fromlist=["register"]).register(sub)
     return ap
 
 

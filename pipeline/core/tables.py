@@ -105,6 +105,13 @@ CONTRACT: dict[str, Table] = {
          "dropped_share": "float"}, optional_pattern=r"pred_[a-z0-9_]+_ms"),  # pred_<layer type>_ms
     "model_errors": Table({"model": "str", "layer_type": "str", "dtype": "str", "n": "int", "mean_rel_err": "float",
                            **KEY}, {"max_rel_err": "float", "median_rel_err": "float"}),
+    "shape_advice": Table(
+        {"model": "str", "dimension": "str", "original": "str", "proposed": "str", "params_change": "float",
+         "predicted_speedup": "float", **KEY},
+        {"measured_speedup": "float", "measured_p20": "float", "measured_p80": "float", "measured_layers": "int",
+         "predicted_at_depth": "float", "verdict": "str", "speedup_equal_params": "float", "source": "str",
+         "note": "str", "dtype": "str", "batch": "int", "seq": "int"},
+        {"predicted_speedup": ">0", "measured_speedup": ">0?"}),
 }
 
 

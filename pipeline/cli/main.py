@@ -327,6 +327,7 @@ def build_parser() -> argparse.ArgumentParser:
     ld.add_argument("dir", help="holds <table>.parquet or <table>.jsonl files")
     ld.set_defaults(fn=cmd_load)
     __import__("pipeline.cli.advise", fromlist=["register"]).register(sub)
+    __import__("pipeline.cli.plan", fromlist=["register"]).register(sub)
     return ap
 
 

@@ -20,7 +20,7 @@ from resources.env import as_text, number
 
 TABLES = ("devices", "gemm_samples", "utility_samples", "attention_samples", "embedding_samples", "memory_samples",
           "overhead_samples", "workload_graphs", "opencl_launches", "workload_runs", "predictions", "model_errors",
-          "reference_timings", "gemm_config_samples", "gemm_config_choices")
+          "reference_timings", "gemm_config_samples", "gemm_config_choices", "shape_advice")
 
 
 # Columns that one kind of device leaves NULL (a CPU has no CUDA version, no tf32 peak):

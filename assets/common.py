@@ -1,4 +1,4 @@
-"""Small helpers the assets share: resources' keys, images in metadata, data hashes."""
+"""Small helpers the assets share: images and tables in metadata, row counts, plots, data hashes."""
 from __future__ import annotations
 
 import base64
@@ -31,3 +31,9 @@ def data_hash(df: pd.DataFrame) -> str:
 
 def md_table(df: pd.DataFrame, floatfmt: str = ".3g") -> dg.MetadataValue:
     return dg.MetadataValue.md(df.to_markdown(index=False, floatfmt=floatfmt) if not df.empty else "_no rows_")
+
+
+def row_count(n: int) -> dict:
+    """Dagster's standard `dagster/row_count` (the asset catalog's row count): the rows a
+    materialization wrote to its DuckDB table for the partition's device."""
+    return {"dagster/row_count": dg.MetadataValue.int(int(n))}

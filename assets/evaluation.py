@@ -9,10 +9,8 @@ import time
 import pandas as pd
 
 import dagster as dg
-from assets.attention import attention_model
-from assets.common import data_hash, image_md, md_table, save_plot
-from assets.dlrm_kernels import embedding_model, memory_model
-from assets.models import gemm_model, utility_model
+from assets.common import data_hash, image_md, md_table, row_count, save_plot
+from assets.models import attention_model, embedding_model, gemm_model, memory_model, utility_model
 from assets.samples import gemm_samples, utility_samples
 from pipeline.analysis.bench import bench_predict
 from pipeline.orchestration.partitions import devices
@@ -85,7 +83,7 @@ def model_evaluation(context: dg.AssetExecutionContext, warehouse: DuckDBWarehou
                       *(d.assign(model="devchar", domain=d["bytes"])[pred.columns] for d in (emb, mem))],
                      ignore_index=True)
     errors = table_ii(pred).assign(device=device, run_id=context.run.run_id[:12])
-    warehouse.replace_partition("model_errors", device, errors, scope="model")
+    written = warehouse.replace_partition("model_errors", device, errors, scope="model")
     bins_png = worst_per_bin_plot(worst_per_bin(pred))
     dist_png = error_distribution_plot(error_distribution(pred))
     save_plot(bins_png, device, "worst_error_per_bin")
@@ -98,4 +96,5 @@ def model_evaluation(context: dg.AssetExecutionContext, warehouse: DuckDBWarehou
         "selection_accuracy": dg.MetadataValue.json(selection_accuracy(gemm.selector, gheld)),
         "predictions_per_s": dg.MetadataValue.json({k: round(v) for k, v in speed.items()}),
         "worst_error_per_bin": image_md(bins_png, "Max relative error per FLOP bin (PM2Lat Fig. 5)"),
-        "error_distribution": image_md(dist_png, "Relative-error distribution (PM2Lat Figs. 6-9)")})
+        "error_distribution": image_md(dist_png, "Relative-error distribution (PM2Lat Figs. 6-9)"),
+        **row_count(written)})

@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 
 import dagster as dg
-from assets.common import data_hash, md_table
+from assets.common import data_hash, md_table, row_count
 from assets.samples import device_spec
 from pipeline.orchestration.partitions import devices
 from pipeline.predict.evaluate import error_table
@@ -49,8 +49,8 @@ def gemm_config_sweep(context: dg.AssetExecutionContext, device_runner: DeviceRu
         return
     tables = device_runner.run_tables(context, "gemm_configs", device)
     samples, choices = tables["gemm_config_samples"], tables["gemm_config_choices"]
-    warehouse.replace_partition("gemm_config_samples", device, samples)
-    warehouse.replace_partition("gemm_config_choices", device, choices)
+    written = {t: warehouse.replace_partition(t, device, rows)
+               for t, rows in (("gemm_config_samples", samples), ("gemm_config_choices", choices))}
     train, held = samples[~samples["held_out"]], samples[samples["held_out"]]
     per_problem = train.groupby(["op", "layout", "dtype"]).agg(configs=("kernel", "nunique"),
                                                              rows=("k", "size")).reset_index()
@@ -62,10 +62,11 @@ def gemm_config_sweep(context: dg.AssetExecutionContext, device_runner: DeviceRu
     yield dg.MaterializeResult(asset_key="gemm_config_samples", metadata={
         "rows": len(samples), "held_out_rows": len(held), "configs": int(train["kernel"].nunique()),
         "heuristic_matches_torch": float(held["selection_match"].astype(float).mean()) if len(held) else float("nan"),
-        "per_problem": md_table(per_problem)})
+        "per_problem": md_table(per_problem), **row_count(written["gemm_config_samples"])})
     yield dg.MaterializeResult(asset_key="gemm_config_choices", metadata={
         "rows": len(choices), "distinct_choices": int(choices["kernel"].nunique()) if len(choices) else 0,
-        "share_swept": float(choices["swept"].mean()) if len(choices) else float("nan")})
+        "share_swept": float(choices["swept"].mean()) if len(choices) else float("nan"),
+        **row_count(written["gemm_config_choices"])})
     yield dg.AssetCheckResult(asset_key="gemm_config_samples", check_name="finite_positive", passed=bad == 0,
                               metadata={"bad_rows": bad})
 

@@ -3,7 +3,7 @@ Table V) and the graph rows of transformer_predictions (GPT-2 before/after overh
 import pandas as pd
 
 import dagster as dg
-from assets.common import image_md, md_table, save_plot
+from assets.common import image_md, md_table, row_count, save_plot
 from pipeline.orchestration.partitions import devices
 from pipeline.analysis.plots import step_time_vs_batch
 from pipeline.predict.graph_predict import predict_runs, table_v
@@ -42,8 +42,9 @@ def dlrm_predictions(context: dg.AssetExecutionContext, warehouse: DuckDBWarehou
     and e2e_shared (overheads never from the run's own trace), with Table V's geomean/min/max."""
     device = context.partition_key
     pred = graph_predictions(warehouse, model_store, device, "dlrm").assign(run_id=context.run.run_id[:12])
-    warehouse.replace_partition("predictions", device, pred, scope="workload")
+    written = warehouse.replace_partition("predictions", device, pred, scope="workload")
     cols = ["config", "batch", "predictor", "predicted_ms", "measured_ms", "rel_err", "kernel_only_ms",
             "active_measured_ms", "bound", "priced_share"]
     return dg.MaterializeResult(metadata={"rows": len(pred), "predictions": md_table(pred[cols]),
-                                          **table_v_metadata(pred, device, "dlrm_step_time_vs_batch")})
+                                          **table_v_metadata(pred, device, "dlrm_step_time_vs_batch"),
+                                          **row_count(written)})

@@ -1,4 +1,5 @@
-"""opencl_launches: the OpenCL launch dataset (LLMPerf section II) of a device.
+"""opencl_launches' checks and report: the OpenCL launch dataset (LLMPerf section II) of a
+device (the asset is declared with the other sample tables in assets/samples.py).
 
 The `opencl` sweep runs where the device is (pipeline/opencl/sweep): generated kernels
 with simple and memory-analysis arguments over 25:60:15 launch settings plus IQR
@@ -10,25 +11,24 @@ import pandas as pd
 
 import dagster as dg
 from assets.common import md_table
-from assets.samples import device_spec, store_sweep
-from pipeline.orchestration.partitions import devices
-from resources.devices import DeviceRunner
-from resources.warehouse import DuckDBWarehouse
+from assets.factories import Checks
 
-ASSET = "opencl_launches"
 MAX_FAILED_SHARE = 0.10  # above this the sweep's kernels or limits need a look (a warning)
 
-CHECKS = [
-    dg.AssetCheckSpec("finite_positive", asset=ASSET, blocking=True,
-                      description="every successful launch has a finite timing > 0"),
-    dg.AssetCheckSpec("some_launches_ok", asset=ASSET, blocking=True,
-                      description="at least one launch succeeded"),
-    dg.AssetCheckSpec("failed_share", asset=ASSET,
-                      description=f"share of launches that did not succeed <= {MAX_FAILED_SHARE:.0%}"),
-]
+
+def launch_check_specs(name: str) -> list[dg.AssetCheckSpec]:
+    return [
+        dg.AssetCheckSpec("finite_positive", asset=name, blocking=True,
+                          description="every successful launch has a finite timing > 0"),
+        dg.AssetCheckSpec("some_launches_ok", asset=name, blocking=True,
+                          description="at least one launch succeeded"),
+        dg.AssetCheckSpec("failed_share", asset=name,
+                          description=f"share of launches that did not succeed <= {MAX_FAILED_SHARE:.0%}"),
+    ]
 
 
-def launch_checks(df: pd.DataFrame) -> list[dg.AssetCheckResult]:
+def launch_checks(df: pd.DataFrame, gates=None) -> list[dg.AssetCheckResult]:
+    """`gates`, the run's quality gates, is not used: the launch sweep's limit is its own."""
     ok = df["status"] == "ok"
     t = df.loc[ok, ["median_us", "p20_us", "p80_us"]].to_numpy(float)
     bad = int((~np.isfinite(t) | (t <= 0)).any(axis=1).sum())
@@ -41,18 +41,14 @@ def launch_checks(df: pd.DataFrame) -> list[dg.AssetCheckResult]:
     ]
 
 
-@dg.asset(partitions_def=devices, group_name="characterize", kinds={"opencl", "duckdb"}, deps=[device_spec],
-          check_specs=CHECKS)
-def opencl_launches(context: dg.AssetExecutionContext, device_runner: DeviceRunner,
-                    warehouse: DuckDBWarehouse) -> dg.MaterializeResult:
-    """One row per OpenCL launch: kernel source, arguments, gsize/lsize, status and timings."""
-    df = store_sweep(context, device_runner, warehouse, "opencl", ASSET)
+LAUNCH_CHECKS = Checks(launch_check_specs, launch_checks)
+
+
+def launch_report(df: pd.DataFrame) -> dict:
+    """Kernels, successful launches, rows per status, and per generated-kernel family."""
     by_status = df.groupby(["suite", "status"]).size().rename("rows").reset_index()
     by_family = (df[df["status"] == "ok"].groupby(["suite", "family", "arg_method"])
                  .agg(rows=("median_us", "size"), kernels=("kernel_id", "nunique"),
                       median_us=("median_us", "median")).reset_index())
-    return dg.MaterializeResult(
-        metadata={"rows": len(df), "kernels": int(df["kernel_id"].nunique()),
-                  "ok_rows": int((df["status"] == "ok").sum()), "rows_by_status": md_table(by_status),
-                  "ok_by_family": md_table(by_family)},
-        check_results=launch_checks(df))
+    return {"kernels": int(df["kernel_id"].nunique()), "ok_rows": int((df["status"] == "ok").sum()),
+            "rows_by_status": md_table(by_status), "ok_by_family": md_table(by_family)}

@@ -9,7 +9,7 @@ go to model_errors (Tables III-IV) beside the paper's numbers, with the Fig. 2 p
 import pandas as pd
 
 import dagster as dg
-from assets.common import data_hash, image_md, md_table, save_plot
+from assets.common import data_hash, image_md, md_table, row_count, save_plot
 from pipeline.opencl.models.evaluate import PAPER_BENCH_MAPE, PAPER_VAL_MAPE
 from pipeline.opencl.models.fit import fit_all
 from pipeline.opencl.models.settings import train_device
@@ -65,11 +65,11 @@ def opencl_models(context: dg.AssetExecutionContext, warehouse: DuckDBWarehouse,
                          metrics, {"data_hash": dhash, "heldout_check_passed": str(passed)},
                          [path / "model.json", *([fig_path] if fig_path else [])])
     errors = pd.concat([f.errors for f in fitted.values()], ignore_index=True).assign(device=device, run_id=run_id)
-    warehouse.replace_partition("model_errors", device, errors, scope="model")
+    written = warehouse.replace_partition("model_errors", device, errors, scope="model")
     val = {n: f.summary["val_mape"] for n, f in fitted.items()}
     metadata = {"profile": profile, "train_device": torch_device, "data_hash": dhash,
                 "split": dg.MetadataValue.json(split_sizes), "vs_paper": md_table(_paper_table(fitted)),
-                "model_errors": md_table(errors.drop(columns=["device", "run_id"]))}
+                "model_errors": md_table(errors.drop(columns=["device", "run_id"])), **row_count(written)}
     if fig2:
         metadata["fig2"] = image_md(fig2, "Benchmark kernels: predicted vs measured over input size (LLMPerf Fig. 2)")
     return dg.MaterializeResult(metadata=metadata, check_results=[dg.AssetCheckResult(

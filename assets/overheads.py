@@ -3,7 +3,7 @@ traces) -> overhead_model, the shared table `devchar predict` uses for a never-s
 import pandas as pd
 
 import dagster as dg
-from assets.common import data_hash, md_table
+from assets.common import data_hash, md_table, row_count
 from assets.samples import device_spec
 from pipeline.orchestration.partitions import devices
 from pipeline.predict.overheads import TYPES, OverheadModel
@@ -27,17 +27,19 @@ def overhead_traces(context: dg.AssetExecutionContext, device_runner: DeviceRunn
     device = context.partition_key
     tables = device_runner.run_tables(context, "traces", device)
     samples, graphs = tables["overhead_samples"], tables["workload_graphs"]
-    warehouse.replace_partition("overhead_samples", device, samples)
-    warehouse.replace_partition("workload_graphs", device, graphs)
+    written = {t: warehouse.replace_partition(t, device, rows)
+               for t, rows in (("overhead_samples", samples), ("workload_graphs", graphs))}
     summary = samples.groupby(["workload", "type"])["us"].agg(["count", "mean", "median"]).reset_index()
     us = samples["us"]
     ok = bool(us.notna().all() and (us >= 0).all() and samples["type"].isin(TYPES).all())
     ovh = float(samples["profiler_overhead_us"].iloc[0]) if "profiler_overhead_us" in samples else float("nan")
     yield dg.MaterializeResult(asset_key="overhead_samples", metadata={
-        "rows": len(samples), "profiler_overhead_us_per_event": ovh, "per_workload": md_table(summary)})
+        "rows": len(samples), "profiler_overhead_us_per_event": ovh, "per_workload": md_table(summary),
+        **row_count(written["overhead_samples"])})
     yield dg.MaterializeResult(asset_key="workload_graphs", metadata={
         "rows": len(graphs), "graphs": md_table(graphs[["workload", "config", "batch", "seq", "mode", "n_ops",
-                                                        "n_top_level", "traced_ms"]])})
+                                                        "n_top_level", "traced_ms"]]),
+        **row_count(written["workload_graphs"])})
     yield dg.AssetCheckResult(asset_key="overhead_samples", check_name="overheads_finite", passed=ok,
                               metadata={"types": sorted(samples["type"].unique())})
 

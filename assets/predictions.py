@@ -3,7 +3,7 @@
 import pandas as pd
 
 import dagster as dg
-from assets.common import image_md, md_table, save_plot
+from assets.common import image_md, md_table, row_count, save_plot
 from assets.evaluation import model_evaluation
 from assets.graph_predictions import dlrm_predictions, graph_predictions, table_v_metadata
 from assets.models import gemm_model, utility_model
@@ -49,7 +49,7 @@ def transformer_predictions(context: dg.AssetExecutionContext, warehouse: DuckDB
     ops = predict_workload_rows(runs, gemm, utility, bias_copy=kind == "cpu")
     graph = graph_predictions(warehouse, model_store, device, "gpt2", models=("gemm_model", "utility_model"))
     pred = pd.concat([ops, graph], ignore_index=True).assign(run_id=context.run.run_id[:12])
-    warehouse.replace_partition("predictions", device, pred, scope="workload")
+    written = warehouse.replace_partition("predictions", device, pred, scope="workload")
     panels = {p: (g["measured_ms"].to_numpy(), g["predicted_ms"].to_numpy()) for p, g in pred.groupby("predictor")}
     png = predicted_vs_measured(panels, unit="ms")
     save_plot(png, device, "transformer_predicted_vs_measured")
@@ -58,7 +58,7 @@ def transformer_predictions(context: dg.AssetExecutionContext, warehouse: DuckDB
         "rows": len(pred), "mean_abs_rel_err": dg.MetadataValue.json(
             {p: float(g["rel_err"].abs().mean()) for p, g in pred.groupby("predictor")}),
         "predictions": md_table(table), "predicted_vs_measured": image_md(png, "GPT-2: predicted vs measured"),
-        **table_v_metadata(graph, device, "gpt2_step_time_vs_batch")})
+        **table_v_metadata(graph, device, "gpt2_step_time_vs_batch"), **row_count(written)})
 
 
 @dg.asset(partitions_def=devices, group_name=GROUP, kinds={"duckdb"},

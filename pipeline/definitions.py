@@ -1,17 +1,8 @@
 """The Dagster code location: assets, checks, resources, jobs, schedules and sensors."""
 import dagster as dg
 
-from assets.attention import attention_model, attention_samples
-from assets.dlrm_kernels import embedding_model, embedding_samples, memory_model, memory_samples
-from assets.evaluation import mlp_baselines, model_evaluation
-from assets.gemm_configs import gemm_config_model, gemm_config_sweep
-from assets.models import gemm_model, utility_model
-from assets.opencl import opencl_launches
-from assets.opencl_models import opencl_models
-from assets.graph_predictions import dlrm_predictions
-from assets.overheads import overhead_model, overhead_traces
-from assets.predictions import accuracy_report, transformer_predictions
-from assets.samples import device_spec, gemm_samples, utility_samples, workload_runs
+from assets import (evaluation, gemm_configs, graph_predictions, models, opencl_models, overheads, predictions,
+                    samples)
 from pipeline.orchestration.jobs import characterize_device, recalibrate
 from pipeline.orchestration.schedules import weekly_recalibration
 from pipeline.orchestration.sensors import local_device_sensor
@@ -22,11 +13,16 @@ from resources.quality import QualityGates
 from resources.tracking import MLflowTracking
 from resources.warehouse import DuckDBWarehouse
 
+# The modules that define assets: every sample table in samples.py, every fitted model in
+# models.py (both built by assets/factories.py), the multi-table sweeps, baselines,
+# evaluation and predictions in the rest. An asset imported into another module is loaded once.
+ASSET_MODULES = [samples, models, overheads, gemm_configs, opencl_models, evaluation, graph_predictions, predictions]
+
 defs = dg.Definitions(
-    assets=[device_spec, gemm_samples, utility_samples, attention_samples, embedding_samples, memory_samples,
-            workload_runs, gemm_model, utility_model, attention_model, embedding_model, memory_model, mlp_baselines,
-            model_evaluation, overhead_traces, overhead_model, transformer_predictions, dlrm_predictions,
-            accuracy_report, opencl_launches, opencl_models, gemm_config_sweep, gemm_config_model],
+    assets=dg.load_assets_from_modules(ASSET_MODULES),
+    # Checks declared with their assets (check_specs) come with them; this picks up any
+    # stand-alone @dg.asset_check a module defines.
+    asset_checks=dg.load_asset_checks_from_modules(ASSET_MODULES),
     # The DEVCHAR_* variables that are set feed their fields as dg.EnvVar (resources/env.py);
     # run config overrides them (`devchar run --profile`).
     resources={"warehouse": from_env(DuckDBWarehouse), "tracking": MLflowTracking(),

@@ -223,7 +223,7 @@ def test_runner_writes_opencl_rows_with_the_schema_and_resumes(tmp_path):
 def test_asset_stores_the_device_rows_and_passes_its_checks(devchar_home):
     import dagster as dg
 
-    from assets.opencl import opencl_launches
+    from assets.samples import opencl_launches
     from pipeline.device.discover import identify
     from resources.devices import DeviceRunner
     from resources.quality import QualityGates

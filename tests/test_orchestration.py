@@ -12,11 +12,15 @@ WHEN = datetime(2026, 11, 23, 3, 0, tzinfo=timezone.utc)
 
 
 def test_schedule_requests_one_run_per_registered_device():
+    # Each context closed (`with`): the instance a schedule context opens sets Dagster's current
+    # state storage and only its exit unsets it; left open, a later test that loads definitions
+    # finds that storage with its instance gone ("undefined DagsterInstance weakref").
     with dg.instance_for_test() as instance:
-        ctx = dg.build_schedule_context(instance=instance, scheduled_execution_time=WHEN)
-        assert isinstance(weekly_recalibration(ctx), dg.SkipReason)
+        with dg.build_schedule_context(instance=instance, scheduled_execution_time=WHEN) as ctx:
+            assert isinstance(weekly_recalibration(ctx), dg.SkipReason)
         instance.add_dynamic_partitions(devices.name, ["cpu-a-2c", "cuda-b"])
-        requests = weekly_recalibration(dg.build_schedule_context(instance=instance, scheduled_execution_time=WHEN))
+        with dg.build_schedule_context(instance=instance, scheduled_execution_time=WHEN) as ctx:
+            requests = weekly_recalibration(ctx)
         assert sorted(r.partition_key for r in requests) == ["cpu-a-2c", "cuda-b"]
         assert all(r.run_key.endswith("20261123") for r in requests)  # one run per device per week
         assert weekly_recalibration.job_name == "recalibrate"

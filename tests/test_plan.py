@@ -177,3 +177,48 @@ def test_plan_a_tiny_model_end_to_end(plan_models, tmp_path, capsys):
                  "--requests", "4") == 0
     out = capsys.readouterr().out
     assert "3 blocks" in out and "best split: blocks 0–" in out and "4 requests" in out, out
+
+
+def test_the_two_stages_compose_to_the_whole_model(tmp_path):
+    """two_stage.build_stage: stage 2 fed stage 1's activation gives the unsplit model's logits."""
+    import json
+
+    import torch
+
+    from pipeline.workloads.predict_callable import build_causal_lm
+    from pipeline.workloads.two_stage import StageSpec, build_stage
+
+    config = json.loads(open(_config(tmp_path, 4)).read())
+    spec = StageSpec(config, batch=2, seq=8, dtype="float32", after_block=3)
+    (one, ids, _), (two, _, inject) = build_stage(spec, 1), build_stage(spec, 2)
+    whole = build_causal_lm(config).eval()
+    with torch.inference_mode():
+        inject.value = one(input_ids=ids, use_cache=False).logits
+        assert inject.value.shape == (2, 8, 64)
+        got = two(input_ids=ids, use_cache=False).logits
+        want = whole(input_ids=ids, use_cache=False).logits
+    torch.testing.assert_close(got, want)
+
+
+def test_blocks_are_told_apart_and_the_pieces_add_up_to_the_whole(plan_models, tmp_path):
+    """blocks.price_blocks: every block gets its ops, and on the CPU the pieces sum to the whole
+    graph's Algorithm 1 prediction (predict_callable.predict_module on the same model)."""
+    import json
+
+    import torch
+
+    from pipeline.cli.plan import _device_models
+    from pipeline.workloads.blocks import price_blocks
+    from pipeline.workloads.predict_callable import build_causal_lm, predict_module
+
+    model = build_causal_lm(json.loads(open(_config(tmp_path, 3)).read()))
+    inputs = {"input_ids": torch.randint(0, 100, (1, 8), generator=torch.Generator().manual_seed(0)),
+              "use_cache": False}
+    m = _device_models(DEVICE)
+    prices = price_blocks(model, inputs, "float32", {DEVICE: m})
+    pieces = prices.pieces[DEVICE]
+    assert {"embed", "block0", "block1", "block2", "lm_head"} <= set(pieces) and prices.n_blocks == 3
+    assert all(pieces[f"block{i}"] > 0 for i in range(3))
+    assert prices.transfer_bytes == (8 * 64 * 4, 8 * 64 * 4)
+    whole = predict_module(model, inputs, m["gemm"], m["utility"], m["overheads"], extra=m["extra"])
+    assert sum(pieces.values()) == pytest.approx(whole["e2e_us"], rel=1e-9)

@@ -37,18 +37,28 @@ def to_png(plt, fig, axes, used: int) -> bytes:
     return buf.getvalue()
 
 
+def panel_per_group(groups, draw) -> bytes:
+    """One panel per (key, frame) in `groups`: draw(ax, key, frame) plots it; each panel gets a legend."""
+    plt, fig, axes = new_figure(len(groups))
+    for ax, (key, g) in zip(axes, groups):
+        draw(ax, key, g)
+        ax.legend(fontsize=6)
+    return to_png(plt, fig, axes, len(groups))
+
+
 def throughput_vs_k(train) -> bytes:
     """PM2Lat Fig. 4: throughput vs K, one line per whole-wave count, one panel per (op, dtype)."""
     groups = list(train.groupby(["op", "dtype"]))
-    plt, fig, axes = new_figure(len(groups))
-    for ax, ((op, dtype), g) in zip(axes, groups):
+
+    def draw(ax, key, g):
+        op, dtype = key
         for w, gw in g.groupby("waves"):
             gw = gw.sort_values("k")
             ax.plot(gw["k"], gw["flops"] / gw["median_us"] / 1e6, marker="o", ms=3, label=f"{w} waves")
         label_axes(ax, f"{op} {dtype}", "K", "TFLOP/s", loglog=False)
         ax.set_xscale("log", base=2)
-        ax.legend(fontsize=6)
-    return to_png(plt, fig, axes, len(groups))
+
+    return panel_per_group(groups, draw)
 
 
 def predicted_vs_measured(panels: dict[str, tuple[np.ndarray, np.ndarray]], unit: str = "us") -> bytes:
@@ -66,21 +76,22 @@ def predicted_vs_measured(panels: dict[str, tuple[np.ndarray, np.ndarray]], unit
 def latency_vs_bytes(samples) -> bytes:
     """Utility ops: measured latency against bytes moved, one panel per op, one colour per dtype."""
     groups = list(samples.groupby("op"))
-    plt, fig, axes = new_figure(len(groups))
-    for ax, (op, g) in zip(axes, groups):
+
+    def draw(ax, op, g):
         for dtype, gd in g.groupby("dtype"):
             ax.scatter(gd["bytes_read"] + gd["bytes_written"], gd["median_us"], s=8, label=dtype)
         label_axes(ax, op, "bytes moved", "us")
-        ax.legend(fontsize=6)
-    return to_png(plt, fig, axes, len(groups))
+
+    return panel_per_group(groups, draw)
 
 
 def attention_throughput_vs_seq(train) -> bytes:
     """Fused attention: throughput vs seq (q = kv) at the smallest batch, one panel per (backend, dtype),
     one line per (head_dim, causal)."""
     groups = list(train.groupby(["backend", "dtype"]))
-    plt, fig, axes = new_figure(len(groups))
-    for ax, ((backend, dtype), g) in zip(axes, groups):
+
+    def draw(ax, key, g):
+        backend, dtype = key
         g = g[g["batch"] == g["batch"].min()]
         for (hd, causal), gl in g.groupby(["head_dim", "causal"]):
             gl = gl.sort_values("seq_q")
@@ -89,27 +100,27 @@ def attention_throughput_vs_seq(train) -> bytes:
         label_axes(ax, f"{backend} {dtype} (bh={int(g['batch'].min() * g['heads'].min())})", "seq", "TFLOP/s",
                loglog=False)
         ax.set_xscale("log", base=2)
-        ax.legend(fontsize=6)
-    return to_png(plt, fig, axes, len(groups))
+
+    return panel_per_group(groups, draw)
 
 
 def worst_per_bin_plot(worst) -> bytes:
     """PM2Lat Fig. 5: one panel per dtype, the max relative error of each model per FLOP bin."""
     groups = list(worst.groupby("dtype"))
-    plt, fig, axes = new_figure(len(groups))
-    for ax, (dtype, g) in zip(axes, groups):
+
+    def draw(ax, dtype, g):
         for model, gm in g.groupby("model"):
             ax.plot(gm["bin_flops"], gm["abs_err"] * 100, marker=".", ms=3, lw=0.8, label=model)
         label_axes(ax, f"GEMM {dtype}", "FLOPs (bin start)", "max relative error (%)")
-        ax.legend(fontsize=6)
-    return to_png(plt, fig, axes, len(groups))
+
+    return panel_per_group(groups, draw)
 
 
 def error_distribution_plot(dist) -> bytes:
     """PM2Lat Figs. 6-9: share of predictions per 5 %-wide error bin (the last bin is >= 95 %)."""
     groups = list(dist.groupby("dtype"))
-    plt, fig, axes = new_figure(len(groups))
-    for ax, (dtype, g) in zip(axes, groups):
+
+    def draw(ax, dtype, g):
         models = sorted(g["model"].unique())
         width = 0.8 / len(models)
         for i, model in enumerate(models):
@@ -117,15 +128,15 @@ def error_distribution_plot(dist) -> bytes:
             ax.bar(gm["err_bin"] * 5 + (i - len(models) / 2) * width * 5, gm["share"] * 100, width=width * 5,
                    label=model, align="edge")
         label_axes(ax, f"GEMM {dtype}", "relative error (%, 5 % bins)", "share of predictions (%)", loglog=False)
-        ax.legend(fontsize=6)
-    return to_png(plt, fig, axes, len(groups))
+
+    return panel_per_group(groups, draw)
 
 
 def step_time_vs_batch(pred) -> bytes:
     """Per config: measured step time against batch size, with one line per predictor."""
     groups = list(pred.groupby("config"))
-    plt, fig, axes = new_figure(len(groups))
-    for ax, (config, g) in zip(axes, groups):
+
+    def draw(ax, config, g):
         m = g.drop_duplicates("batch").sort_values("batch")
         ax.plot(m["batch"], m["measured_ms"], "ko-", label="measured")
         for p, gp in g.groupby("predictor", sort=False):
@@ -133,8 +144,8 @@ def step_time_vs_batch(pred) -> bytes:
             ax.plot(gp["batch"], gp["predicted_ms"], "--", marker=".", label=p)
         ax.set_xscale("log", base=2)
         label_axes(ax, config, "batch", "ms per step")
-        ax.legend(fontsize=6)
-    return to_png(plt, fig, axes, len(groups))
+
+    return panel_per_group(groups, draw)
 
 
 def advice_plot(table, title: str = "") -> bytes:

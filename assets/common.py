@@ -1,14 +1,33 @@
-"""Small helpers the assets share: images and tables in metadata, row counts, plots, data hashes."""
+"""Small helpers the assets share: per-device checks, images and tables in metadata, row counts,
+plots, data hashes."""
 from __future__ import annotations
 
 import base64
 import hashlib
+import warnings
 
 import dagster as dg
 import pandas as pd
 
 from pipeline.core.config import devchar_home
 from pipeline.core.slugs import check_slug, under
+from pipeline.orchestration.partitions import devices
+
+
+def device_check(name: str, asset: str, **kwargs) -> dg.AssetCheckSpec:
+    """A check on a device-partitioned asset, recorded per device partition: each device's
+    result is its own (the UI's "Partition" column shows the device), so a second device's
+    evaluation never replaces the first's.
+
+    `AssetCheckSpec(partitions_def=...)` is a *preview* API in dagster 1.13.27 (the constructor
+    calls `preview_warning`; it may change in a patch release). What devchar relies on — the
+    evaluation of a check whose spec has the asset's partitions_def carries the step's partition
+    key (dagster/_core/definitions/asset_checks/asset_check_result.py) and can be queried per
+    partition — is tested in tests/test_partitioned_checks.py. The warning is silenced here
+    only, so every `devchar` command does not print it."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", dg.PreviewWarning)
+        return dg.AssetCheckSpec(name, asset=asset, partitions_def=devices, **kwargs)
 
 
 def image_md(png: bytes, title: str) -> dg.MetadataValue:

@@ -21,7 +21,7 @@ import dagster as dg
 import numpy as np
 import pandas as pd
 
-from assets.common import data_hash, image_md, md_table, row_count, save_plot
+from assets.common import data_hash, device_check, image_md, md_table, row_count, save_plot
 from pipeline.analysis.plots import predicted_vs_measured
 from pipeline.analysis.quality import Gates
 from pipeline.orchestration.partitions import devices
@@ -48,11 +48,11 @@ class Checks:
 
 def timing_check_specs(name: str) -> list[dg.AssetCheckSpec]:
     return [
-        dg.AssetCheckSpec("finite_positive", asset=name, blocking=True,
-                          description="every timing is finite and > 0"),
-        dg.AssetCheckSpec("sweep_noise", asset=name,
-                          description="share of rows still noisy after a re-measure <= max_noisy_share "
-                                      "(quality_gates; $DEVCHAR_MAX_NOISY_SHARE, default 0.25)"),
+        device_check("finite_positive", name, blocking=True,
+                     description="every timing is finite and > 0"),
+        device_check("sweep_noise", name,
+                     description="share of rows still noisy after a re-measure <= max_noisy_share "
+                                 "(quality_gates; $DEVCHAR_MAX_NOISY_SHARE, default 0.25)"),
     ]
 
 
@@ -74,11 +74,11 @@ def timing_checks(time_col: str = "median_us") -> Checks:
 
 
 def heldout_check_specs(name: str) -> list[dg.AssetCheckSpec]:
-    return [dg.AssetCheckSpec("heldout_error", asset=name, blocking=True,
-                              description="held-out relative error: median <= max_heldout_err for every "
-                                          "(op, dtype) and mean <= max_heldout_mean_err overall (quality_gates; "
-                                          "$DEVCHAR_MAX_HELDOUT_ERR, default 0.5; $DEVCHAR_MAX_HELDOUT_MEAN_ERR, "
-                                          "default 1.0); predictions never use a model that fails")]
+    return [device_check("heldout_error", name, blocking=True,
+                         description="held-out relative error: median <= max_heldout_err for every "
+                                     "(op, dtype) and mean <= max_heldout_mean_err overall (quality_gates; "
+                                     "$DEVCHAR_MAX_HELDOUT_ERR, default 0.5; $DEVCHAR_MAX_HELDOUT_MEAN_ERR, "
+                                     "default 1.0); predictions never use a model that fails")]
 
 
 def heldout_check_result(errors: pd.DataFrame, overall: pd.Series, passed: bool,

@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 
 import dagster as dg
-from assets.common import data_hash, md_table, row_count
+from assets.common import data_hash, device_check, md_table, row_count
 from assets.samples import device_spec
 from pipeline.orchestration.partitions import devices
 from pipeline.predict.evaluate import error_table
@@ -36,8 +36,8 @@ CPU_REASON = ("not applicable: this device is a CPU, which has one BLAS path per
                         description="The cuBLASLt heuristic's first choice at random shapes (not timed): what the "
                                     "offline selector learns.")],
     partitions_def=devices,
-    check_specs=[dg.AssetCheckSpec("finite_positive", asset="gemm_config_samples", blocking=True,
-                                   description="every timing is finite and > 0")])
+    check_specs=[device_check("finite_positive", "gemm_config_samples", blocking=True,
+                              description="every timing is finite and > 0")])
 def gemm_config_sweep(context: dg.AssetExecutionContext, device_runner: DeviceRunner, warehouse: DuckDBWarehouse):
     device = context.partition_key
     if warehouse.device_kind(device) != "cuda":
@@ -94,9 +94,9 @@ def selected_kernel_matches_torch(evaluated: pd.DataFrame, train: pd.DataFrame) 
 
 @dg.asset(partitions_def=devices, group_name="fit", kinds={"numpy", "mlflow"},
           deps=["gemm_config_samples", "gemm_config_choices"],
-          check_specs=[dg.AssetCheckSpec("selection_accuracy", asset="gemm_config_model",
-                                         description="the selector reproduces the heuristic's choice on >= 50% "
-                                                     "of held-out shapes (warn)")])
+          check_specs=[device_check("selection_accuracy", "gemm_config_model",
+                                    description="the selector reproduces the heuristic's choice on >= 50% "
+                                                "of held-out shapes (warn)")])
 def gemm_config_model(context: dg.AssetExecutionContext, warehouse: DuckDBWarehouse, tracking: MLflowTracking,
                       model_store: ModelStore) -> dg.MaterializeResult:
     """Per (op, layout, bias) problem: a PM2Lat table per cuBLASLt configuration and a decision

@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 
 import dagster as dg
-from assets.common import md_table
+from assets.common import device_check, md_table
 from assets.factories import Checks
 
 MAX_FAILED_SHARE = 0.10  # above this the sweep's kernels or limits need a look (a warning)
@@ -18,12 +18,12 @@ MAX_FAILED_SHARE = 0.10  # above this the sweep's kernels or limits need a look 
 
 def launch_check_specs(name: str) -> list[dg.AssetCheckSpec]:
     return [
-        dg.AssetCheckSpec("finite_positive", asset=name, blocking=True,
-                          description="every successful launch has a finite timing > 0"),
-        dg.AssetCheckSpec("some_launches_ok", asset=name, blocking=True,
-                          description="at least one launch succeeded"),
-        dg.AssetCheckSpec("failed_share", asset=name,
-                          description=f"share of launches that did not succeed <= {MAX_FAILED_SHARE:.0%}"),
+        device_check("finite_positive", name, blocking=True,
+                     description="every successful launch has a finite timing > 0"),
+        device_check("some_launches_ok", name, blocking=True,
+                     description="at least one launch succeeded"),
+        device_check("failed_share", name,
+                     description=f"share of launches that did not succeed <= {MAX_FAILED_SHARE:.0%}"),
     ]
 
 

@@ -9,7 +9,7 @@ go to model_errors (Tables III-IV) beside the paper's numbers, with the Fig. 2 p
 import pandas as pd
 
 import dagster as dg
-from assets.common import data_hash, image_md, md_table, row_count, save_plot
+from assets.common import data_hash, device_check, image_md, md_table, row_count, save_plot
 from pipeline.opencl.models.evaluate import PAPER_BENCH_MAPE, PAPER_VAL_MAPE
 from pipeline.opencl.models.fit import fit_all
 from pipeline.opencl.models.settings import train_device
@@ -35,10 +35,10 @@ def _paper_table(fitted: dict) -> pd.DataFrame:
           deps=["opencl_launches"],
           # Not blocking: nothing downstream uses these models, and a quick CPU sweep has too few
           # kernels for paper-like accuracy; a failing version is still marked in its meta.json.
-          check_specs=[dg.AssetCheckSpec("validation_mape", asset="opencl_models", blocking=False,
-                                         description="MAPE on kernels never trained on <= "
-                                                     "max_opencl_val_mape (quality_gates; "
-                                                     "$DEVCHAR_MAX_OPENCL_VAL_MAPE, default 1.0) for every model")])
+          check_specs=[device_check("validation_mape", "opencl_models", blocking=False,
+                                    description="MAPE on kernels never trained on <= "
+                                                "max_opencl_val_mape (quality_gates; "
+                                                "$DEVCHAR_MAX_OPENCL_VAL_MAPE, default 1.0) for every model")])
 def opencl_models(context: dg.AssetExecutionContext, warehouse: DuckDBWarehouse, tracking: MLflowTracking,
                   model_store: ModelStore, device_runner: DeviceRunner,
                   quality_gates: QualityGates) -> dg.MaterializeResult:

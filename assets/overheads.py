@@ -3,7 +3,7 @@ traces) -> overhead_model, the shared table `devchar predict` uses for a never-s
 import pandas as pd
 
 import dagster as dg
-from assets.common import data_hash, md_table, row_count
+from assets.common import data_hash, device_check, md_table, row_count
 from assets.samples import device_spec
 from pipeline.orchestration.partitions import devices
 from pipeline.predict.overheads import TYPES, OverheadModel
@@ -21,8 +21,8 @@ from resources.warehouse import DuckDBWarehouse
            dg.AssetSpec("workload_graphs", deps=[device_spec], group_name="characterize", kinds={"pytorch", "duckdb"},
                         description="The execution graph (ops, shapes, nesting, data deps) of each workload.")],
     partitions_def=devices,
-    check_specs=[dg.AssetCheckSpec("overheads_finite", asset="overhead_samples", blocking=True,
-                                   description="every gap is a finite number >= 0 of a known type (T1-T5)")])
+    check_specs=[device_check("overheads_finite", "overhead_samples", blocking=True,
+                              description="every gap is a finite number >= 0 of a known type (T1-T5)")])
 def overhead_traces(context: dg.AssetExecutionContext, device_runner: DeviceRunner, warehouse: DuckDBWarehouse):
     device = context.partition_key
     tables = device_runner.run_tables(context, "traces", device)

@@ -54,7 +54,7 @@ def mlp_baselines(context: dg.AssetExecutionContext, warehouse: DuckDBWarehouse,
         path = model_store.save(device, name, model, meta, version)
         metrics = {"fit_s": fit_s, **{f"mre_{r.layer_type}_{r.dtype}": r.mean_rel_err for r in errors.itertuples()}}
         tracking.log_fit(name, device, {"grid": grid, "version": version}, metrics, {"data_hash": dhash},
-                         [path / "model.json"])
+                         [path / "model.json"], store_version=version, store_path=path)
         summary.append({"model": name, "fit_s": fit_s, "mean_rel_err": float(errors["mean_rel_err"].mean())})
     return dg.MaterializeResult(metadata={"grid": grid, "baselines": md_table(pd.DataFrame(summary))})
 

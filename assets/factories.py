@@ -171,7 +171,8 @@ def fit_and_register(context, warehouse, tracking, store, spec: FittedModel, gat
     metrics.update({f"mre_{r.op}_{r.dtype}": r.mean_rel_err for r in errors.itertuples()})
     mlflow_run = tracking.log_fit(name, device, {"train_rows": len(train), "version": version}, metrics,
                                   {"data_hash": dhash, "heldout_check_passed": str(passed)},
-                                  [path / "model.json", plot_path])
+                                  [path / "model.json", plot_path], store_version=version, store_path=path,
+                                  passed=passed)
     metadata = {"version": version, "path": dg.MetadataValue.path(str(path)), "mlflow_run_id": mlflow_run,
                 "data_hash": dhash, "heldout_mean_rel_err": float(overall["mean_rel_err"]),
                 "heldout_max_rel_err": float(overall["max_rel_err"]), "heldout_errors": md_table(errors),

@@ -128,7 +128,8 @@ def gemm_config_model(context: dg.AssetExecutionContext, warehouse: DuckDBWareho
             "metrics": metrics, "run_id": context.run.run_id}
     path = model_store.save(device, "gemm_config_model", model, meta, version)
     mlflow_run = tracking.log_fit("gemm_config_model", device, {"train_rows": len(train), "version": version},
-                                  metrics, {"data_hash": dhash}, [path / "model.json"])
+                                  metrics, {"data_hash": dhash}, [path / "model.json"], store_version=version,
+                                  store_path=path)
     passed = bool(np.isfinite(sel_mean) and sel_mean >= 0.5)
     return dg.MaterializeResult(
         metadata={"version": version, "path": dg.MetadataValue.path(str(path)), "mlflow_run_id": mlflow_run,

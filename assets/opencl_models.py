@@ -63,7 +63,8 @@ def opencl_models(context: dg.AssetExecutionContext, warehouse: DuckDBWarehouse,
         tracking.log_fit(name, device, {**f.params, "version": version, "train_device": torch_device,
                                         **{f"{k}_launches": v for k, v in split_sizes.items()}},
                          metrics, {"data_hash": dhash, "heldout_check_passed": str(passed)},
-                         [path / "model.json", *([fig_path] if fig_path else [])])
+                         [path / "model.json", *([fig_path] if fig_path else [])], store_version=version,
+                         store_path=path, passed=passed)
     errors = pd.concat([f.errors for f in fitted.values()], ignore_index=True).assign(device=device, run_id=run_id)
     written = warehouse.replace_partition("model_errors", device, errors, scope="model")
     val = {n: f.summary["val_mape"] for n, f in fitted.items()}

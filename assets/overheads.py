@@ -62,7 +62,7 @@ def overhead_model(context: dg.AssetExecutionContext, warehouse: DuckDBWarehouse
     per_type = pd.DataFrame([{"type": t, "shared_mean_us": v} for t, v in model.shared.items()])
     run = tracking.log_fit("overhead_model", device, {"samples": len(samples), "version": version},
                            {f"shared_{t}_us": v for t, v in model.shared.items()} | {"outlier_share": 1 - kept / len(samples)},
-                           {"data_hash": dhash}, [path / "model.json"])
+                           {"data_hash": dhash}, [path / "model.json"], store_version=version, store_path=path)
     return dg.MaterializeResult(metadata={
         "version": version, "path": dg.MetadataValue.path(str(path)), "mlflow_run_id": run,
         "op_types": len(model.individual), "outliers_removed": len(samples) - kept, "shared_means": md_table(per_type)})

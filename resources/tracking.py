@@ -1,4 +1,8 @@
-"""MLflow tracking: one run per fit, with params, held-out metrics and device / data-hash / git-sha tags."""
+"""MLflow tracking: one run per fit, with params, held-out metrics and device / data-hash / git-sha /
+Dagster-run tags, and the MLflow model registry: one registered model per (model, device),
+`devchar-<model>-<device>`, one version per saved fit recording its model-store version, and
+the alias `champion` on the newest version that passed its held-out check (see
+pipeline/analysis/champion.py, which `devchar predict` resolves through)."""
 from __future__ import annotations
 
 import fcntl
@@ -8,10 +12,16 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import dagster as dg
+from pydantic import PrivateAttr
 
+from pipeline.analysis.champion import CHAMPION, STORE_PATH_TAG, STORE_VERSION_TAG, registered_name
 from pipeline.core.config import REPO_ROOT, mlflow_artifacts, mlflow_uri
 
 EXPERIMENT = "devchar-fits"
+# MLflow 3's experiment type: the UI opens an experiment tagged custom_model_development in its
+# model-training view (runs, models), not the GenAI one (traces). The tag and its values are
+# mlflow.experimentKind in the installed mlflow 3.x (its UI bundle's ExperimentKind enum).
+EXPERIMENT_KIND_TAG, EXPERIMENT_KIND = "mlflow.experimentKind", "custom_model_development"
 
 
 def git_sha() -> str:
@@ -48,6 +58,11 @@ def _setup_lock(uri: str):
 class MLflowTracking(dg.ConfigurableResource):
     tracking_uri: str = ""  # empty: sqlite under $DEVCHAR_HOME
     artifact_root: str = ""
+    _dagster_run_id: str = PrivateAttr(default="")
+
+    def setup_for_execution(self, context: dg.InitResourceContext) -> None:
+        # Every MLflow run a Dagster run logs is tagged with it (dagster_run_id), whichever asset logs.
+        self._dagster_run_id = context.run.run_id if context.run is not None else ""
 
     def _setup(self):
         import mlflow
@@ -57,20 +72,62 @@ class MLflowTracking(dg.ConfigurableResource):
         # Two devchar runs (two devices) starting at once would both create the sqlite store's
         # tables ("table ... already exists" killed one of them): set-up holds a file lock.
         with _setup_lock(uri):
-            if mlflow.get_experiment_by_name(EXPERIMENT) is None:
+            experiment = mlflow.get_experiment_by_name(EXPERIMENT)
+            if experiment is None:
                 root = Path(self.artifact_root) if self.artifact_root else mlflow_artifacts()
                 root.mkdir(parents=True, exist_ok=True)
-                mlflow.create_experiment(EXPERIMENT, artifact_location=root.as_uri())
+                mlflow.create_experiment(EXPERIMENT, artifact_location=root.as_uri(),
+                                         tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND})
+            elif experiment.tags.get(EXPERIMENT_KIND_TAG) != EXPERIMENT_KIND:  # made before the tag
+                mlflow.MlflowClient().set_experiment_tag(experiment.experiment_id, EXPERIMENT_KIND_TAG,
+                                                         EXPERIMENT_KIND)
         mlflow.set_experiment(EXPERIMENT)
         return mlflow
 
     def log_fit(self, model_name: str, device: str, params: dict, metrics: dict, tags: dict,
-                artifacts: list[Path]) -> str:
+                artifacts: list[Path], *, store_version: str | None = None, store_path: Path | None = None,
+                passed: bool | None = None, dagster_run_id: str | None = None) -> str:
+        """One MLflow run for a fit; its id. With `store_version` (the model-store version the fit
+        was saved as) it is also a new version of the registered model devchar-<model>-<device>,
+        and `champion` moves to it unless `passed` is False (a failed held-out check: the run and
+        the version are tagged heldout_check=failed and the alias stays where it was). `passed`
+        None: the model has no held-out gate, usable like the store's `latest` uses it."""
         mlflow = self._setup()
+        run_tags = {"device": device, "model": model_name, "git_sha": git_sha(),
+                    "dagster_run_id": dagster_run_id or self._dagster_run_id or "none", **tags}
+        if passed is not None:
+            run_tags["heldout_check"] = "passed" if passed else "failed"
         with mlflow.start_run(run_name=f"{model_name}@{device}") as run:
-            mlflow.set_tags({"device": device, "model": model_name, "git_sha": git_sha(), **tags})
+            mlflow.set_tags(run_tags)
             mlflow.log_params(params)
             mlflow.log_metrics({metric_name(k): float(v) for k, v in metrics.items() if v == v})  # drop NaN
             for path in artifacts:
                 mlflow.log_artifact(str(path))
-            return run.info.run_id
+            run_id = run.info.run_id
+        if store_version is not None:
+            self._register(mlflow, model_name, device, run_id, store_version, store_path, passed, run_tags)
+        return run_id
+
+    def _register(self, mlflow, model_name: str, device: str, run_id: str, store_version: str,
+                  store_path: Path | None, passed: bool | None, run_tags: dict) -> str:
+        """A version of devchar-<model>-<device> for the run; `champion` on it unless it failed.
+        No MLflow model is logged: the JSON model store stays the artifact format, and the
+        version records which store version it is (and points at its directory)."""
+        from mlflow.exceptions import MlflowException
+
+        client, name = mlflow.MlflowClient(), registered_name(model_name, device)
+        try:
+            client.create_registered_model(name, tags={"device": device, "model": model_name},
+                                           description=f"devchar {model_name} fitted on {device}")
+        except MlflowException as exc:  # registered by an earlier fit (or a concurrent one)
+            if exc.error_code != "RESOURCE_ALREADY_EXISTS":
+                raise
+        source = store_path.resolve().as_uri() if store_path is not None else f"runs:/{run_id}"
+        version_tags = {STORE_VERSION_TAG: store_version, "dagster_run_id": run_tags["dagster_run_id"],
+                        "heldout_check": run_tags.get("heldout_check", "none")}
+        if store_path is not None:
+            version_tags[STORE_PATH_TAG] = str(store_path)
+        mv = client.create_model_version(name, source=source, run_id=run_id, tags=version_tags)
+        if passed is not False:
+            client.set_registered_model_alias(name, CHAMPION, mv.version)
+        return mv.version

@@ -130,7 +130,11 @@ class StubStore:
 
 
 class StubTracking:
-    def log_fit(self, name, device, params, metrics, tags, artifacts) -> str:
+    def __init__(self):
+        self.registered = []
+
+    def log_fit(self, name, device, params, metrics, tags, artifacts, **registration) -> str:
+        self.registered.append(registration)  # store_version, store_path, passed (resources/tracking.py)
         return "mlflow-run"
 
 
@@ -153,13 +157,15 @@ def test_a_model_asset_fits_scores_saves_and_checks(devchar_home, tmp_path, held
                                     doc="A stand-in.", table_iv=table_iv))
     assert asset.key == dg.AssetKey("gemm_model") and asset.descriptions_by_key[asset.key] == "A stand-in."
     assert {d.asset_key for d in asset.specs_by_key[asset.key].deps} == {dg.AssetKey("gemm_samples")}
-    store = StubStore(tmp_path / "store")
+    store, tracking = StubStore(tmp_path / "store"), StubTracking()
     result = _materialize(asset, warehouse=StubWarehouse(_model_rows(held_scale)), model_store=store,
-                          tracking=StubTracking())
+                          tracking=tracking)
     assert result.success == passes
     assert _checks(result) == {"heldout_error": passes}
     meta = _metadata(result)  # materialized and reported either way, the failed fit included
     assert {"version", "path", "mlflow_run_id", "heldout_errors", "predicted_vs_measured", "table_iv"} <= set(meta)
     ((_, version),) = store.saved
     assert meta["version"].text == version and store.saved["gemm_model", version][1]["heldout_check_passed"] == passes
+    # registered as that store version, champion only if it passed
+    assert [(r["store_version"], r["passed"]) for r in tracking.registered] == [(version, passes)]
     assert seen == [(2.0, 4)]  # Table IV of the version just saved, on the held-out rows

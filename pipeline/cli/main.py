@@ -131,22 +131,22 @@ def cmd_predict(args) -> int:
         from pipeline.cli.predict import predict_captured
 
         return predict_captured(args)
-    from pipeline.predict import store
+    from pipeline.cli.predict import champion_model, say_fallbacks
     from pipeline.predict.workload import extrapolation, extrapolation_warnings, predict_ops
     from pipeline.workloads.gpt2 import GPT2Spec, gpt2_ops
-    from pipeline.core.config import model_store_root
     from pipeline.core.dtypes import check_dtype
 
     spec = GPT2Spec(args.name, args.layers, args.hidden, args.heads, args.vocab)
     ops = gpt2_ops(spec, args.batch, args.seq, bias_copy=args.device.startswith("cpu"))  # validates first
-    gemm = store.load(model_store_root(), args.device, "gemm_model")
-    utility = store.load(model_store_root(), args.device, "utility_model")
+    # the MLflow registry's champion (the store version it records), else the store's latest passing
+    gemm, utility = champion_model(args.device, "gemm_model"), champion_model(args.device, "utility_model")
     dtype = check_dtype(args.dtype)
     total, by_type = predict_ops(ops, dtype, gemm, utility)
     parts = ", ".join(f"{k} {v / 1e3:.2f}" for k, v in sorted(by_type.items()))
     print(f"{spec.name} batch={args.batch} seq={args.seq} on {args.device}: predicted {total / 1e3:.2f} ms ({parts})")
     for line in extrapolation_warnings(extrapolation(ops, dtype, gemm)):
         print(f"devchar: warning: {line}", file=sys.stderr)
+    say_fallbacks()
     return 0
 
 

@@ -2,6 +2,7 @@
 graphs and the peer-reference comparison (split from cli.py, which parses and dispatches)."""
 from __future__ import annotations
 
+import sys
 
 from pipeline.cli.common import local_slug, peer_dir, warehouse
 from pipeline.core.errors import DevcharError, check_dims
@@ -20,8 +21,9 @@ def predict_captured(args) -> int:
         config = pc.check_hf_config(args.hf_config, args.batch, args.seq, dtype)
     else:
         factory = pc.load_factory(args.module)
-    gemm, utility = _load_model(args.device, "gemm_model"), _load_model(args.device, "utility_model")
-    overheads, extra = _optional_models(args.device)
+    _FALLBACKS.clear()
+    gemm, utility = champion_model(args.device, "gemm_model"), champion_model(args.device, "utility_model")
+    overheads, extra = _optional_models(args.device, load=champion_model)
     sync = _is_cpu(args.device)  # a GPU target: Algorithm 1's asynchronous CPU/GPU clocks
     if args.hf_config:
         out = pc.predict_hf_config(args.hf_config, args.batch, args.seq, gemm, utility, overheads, dtype, extra=extra,
@@ -41,6 +43,7 @@ def predict_captured(args) -> int:
         m = pc.measure_call(model, inputs)
         err = (out["e2e_us"] - m.median_us) / m.median_us
         print(f"measured {m.median_us / 1e3:.2f} ms here (5 warm-up, 25 runs; median): error {err:+.1%}")
+    say_fallbacks()
     return 0
 
 
@@ -64,15 +67,16 @@ def _is_cpu(device: str) -> bool:
     return device.startswith("cpu")
 
 
-def _optional_models(device: str):
-    """(overhead model or None, RecsysOps with whichever embedding/memory models exist)."""
+def _optional_models(device: str, load=None):
+    """(overhead model or None, RecsysOps with whichever embedding/memory models exist), each
+    read by `load(device, name)` (default: the store's latest passing version)."""
     from pipeline.core.errors import MissingModelError
     from pipeline.predict.price_recsys import RecsysOps
 
     got = {}
     for name in ("overhead_model", "embedding_model", "memory_model"):
         try:
-            got[name] = _load_model(device, name)
+            got[name] = (load or _load_model)(device, name)
         except MissingModelError:
             got[name] = None
     return got["overhead_model"], RecsysOps(got["embedding_model"], got["memory_model"])
@@ -159,6 +163,27 @@ def cmd_reference(args) -> int:
     with pd.option_context("display.width", 200):
         print(table.to_string(index=False, float_format=lambda v: f"{v:.1%}"))
     return 0
+
+
+_FALLBACKS: list[str] = []  # what champion_model said, until say_fallbacks prints it
+
+
+def champion_model(device: str, name: str):
+    """What `devchar predict` uses: the MLflow registry's champion of devchar-<name>-<device>
+    (exactly the model-store version it records), else the store's latest passing version, said
+    by say_fallbacks after the prediction (pipeline/analysis/champion.py)."""
+    from pipeline.analysis.champion import load_champion
+    from pipeline.core.config import model_store_root
+
+    return load_champion(model_store_root(), device, name, say=_FALLBACKS.append)
+
+
+def say_fallbacks() -> None:
+    """On stderr, after a prediction (an error stays one line): the models that came from the
+    store's latest passing version because the registry had no champion for them."""
+    for line in dict.fromkeys(_FALLBACKS):
+        print(line, file=sys.stderr)
+    _FALLBACKS.clear()
 
 
 def _load_model(device: str, name: str):

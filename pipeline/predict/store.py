@@ -60,19 +60,29 @@ def _passed(version_dir: Path) -> bool:
         return False
 
 
-def load(root: Path, device: str, model_name: str,
-         version: str = "latest") -> registry.Predictor | registry.ArtifactPredictor:
-    registry.check_name(model_name)  # before any file is read: a typo is not a missing calibration
+def _found(root: Path, device: str, model_name: str) -> list[str]:
     found = versions(root, device, model_name)
     if not found:
         raise MissingModelError(f"no saved {model_name} for device {device!r} under {root}; run `devchar run` first")
-    if version == "latest":
-        good = [v for v in found if _passed(Path(root) / device / model_name / v)]
-        if not good:
-            raise MissingModelError(f"every saved {model_name} for device {device!r} failed its held-out check "
-                                    f"({found}); re-calibrate on a quieter machine or load one by version")
-        version = good[-1]
-    v = version
+    return found
+
+
+def latest_passing(root: Path, device: str, model_name: str) -> str:
+    """The newest version that did not fail its held-out check (what `latest` loads)."""
+    registry.check_name(model_name)
+    found = _found(root, device, model_name)
+    good = [v for v in found if _passed(Path(root) / device / model_name / v)]
+    if not good:
+        raise MissingModelError(f"every saved {model_name} for device {device!r} failed its held-out check "
+                                f"({found}); re-calibrate on a quieter machine or load one by version")
+    return good[-1]
+
+
+def load(root: Path, device: str, model_name: str,
+         version: str = "latest") -> registry.Predictor | registry.ArtifactPredictor:
+    registry.check_name(model_name)  # before any file is read: a typo is not a missing calibration
+    found = _found(root, device, model_name)
+    v = latest_passing(root, device, model_name) if version == "latest" else version
     path = under(root, device, model_name, v, "model.json")
     if not path.is_file():
         raise MissingModelError(f"{model_name} version {v!r} for device {device!r} not found; have {found}")

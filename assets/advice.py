@@ -34,7 +34,7 @@ def shape_advice(context: dg.AssetExecutionContext, warehouse: DuckDBWarehouse,
     rows = rows.assign(device=device, run_id=context.run.run_id[:12])
     written = warehouse.replace_partition("shape_advice", device, rows)
     plots = {}
-    for name in ("gpt3-2.7b", "nanogpt-124m", "llama-2-7b"):
+    for name in [n for n in ("gpt3-2.7b", "nanogpt-124m", "llama-2-7b") if n in tables]:
         png = advice_plot(tables[name], name)
         save_plot(png, device, f"shape_advice_{name}")
         plots[f"plot_{name}"] = image_md(png, f"{name}: predicted throughput vs each searched dimension ({dtype})")

@@ -1,8 +1,8 @@
 """The Dagster code location: assets, checks, resources, jobs, schedules and sensors."""
 import dagster as dg
 
-from assets import (evaluation, gemm_configs, graph_predictions, models, opencl_models, overheads, predictions,
-                    samples)
+from assets import (advice, evaluation, gemm_configs, graph_predictions, models, opencl_models, overheads,
+                    predictions, samples)
 from pipeline.orchestration.jobs import characterize_device, recalibrate
 from pipeline.orchestration.schedules import weekly_recalibration
 from pipeline.orchestration.sensors import local_device_sensor
@@ -16,7 +16,8 @@ from resources.warehouse import DuckDBWarehouse
 # The modules that define assets: every sample table in samples.py, every fitted model in
 # models.py (both built by assets/factories.py), the multi-table sweeps, baselines,
 # evaluation and predictions in the rest. An asset imported into another module is loaded once.
-ASSET_MODULES = [samples, models, overheads, gemm_configs, opencl_models, evaluation, graph_predictions, predictions]
+ASSET_MODULES = [samples, models, overheads, gemm_configs, opencl_models, evaluation, graph_predictions, predictions,
+                 advice]
 
 defs = dg.Definitions(
     assets=dg.load_assets_from_modules(ASSET_MODULES),

@@ -176,3 +176,14 @@ def test_cli_advises_on_saved_models(a100, capsys, tmp_path):
     assert rc == 0, out.err
     assert "lm_head" in out.out and "no: n=50257" in out.out and "heads       32       20" in out.out
     assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_catalog_skips_a_model_the_calibration_does_not_cover(a100):
+    from pipeline.predict.shape_catalog import CASES
+
+    gemm, utility = a100
+    no_rms = UtilityModel({k: v for k, v in utility.regimes.items() if k[0] != "rmsnorm"})
+    rows, tables = advice.catalog_rows(list(CASES), gemm, no_rms, "float16", 1, 256, 0.02)
+    assert "llama-2-7b" not in tables and "gpt3-2.7b" in tables
+    assert set(rows["model"]) == {"gpt3-2.7b", "nanogpt-124m", "pythia-410m", "pythia-1b"}
+    assert rows.loc[rows["dimension"] == "model", "proposed"].tolist() == ["pythia-1b"]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from pipeline.core.errors import BadShapeError
+from pipeline.core.errors import BadShapeError, MissingModelError
 from pipeline.predict import advise
 from pipeline.predict.lm_shape import LMShape, from_hf_config
 from pipeline.predict.shape_catalog import CASES, Case
@@ -91,12 +91,19 @@ def catalog_rows(cases: list[Case], gemm, utility, dtype: str, batch: int, seq: 
     for i, c in enumerate(cases):
         if progress:
             progress(f"shape_advice: {c.name} ({i + 1}/{len(cases)})")
-        shape, table, got = advise_model(c.name, c.config, gemm, utility, dtype, batch, seq, tolerance, c.propose)
+        try:
+            shape, table, got = advise_model(c.name, c.config, gemm, utility, dtype, batch, seq, tolerance, c.propose)
+        except MissingModelError as exc:  # e.g. a calibration without rmsnorm or silu: skip, say why
+            if progress:
+                progress(f"shape_advice: {c.name} skipped: {exc}")
+            continue
         if c.against:
             other = from_hf_config(by_name[c.against].config, c.against)
             got.append(against_row(c.name, shape, c.against, other, gemm, utility, dtype, batch, seq))
         rows += got
         tables[c.name] = table
+    if not rows:
+        raise MissingModelError("shape_advice: the device's models cover none of the catalog's models")
     out = pd.DataFrame(rows)
     return out.assign(dtype=dtype, batch=batch, seq=seq), tables
 

@@ -1,5 +1,5 @@
-"""Small helpers the assets share: per-device checks, images and tables in metadata, row counts,
-plots, data hashes."""
+"""Small helpers the assets share: per-device checks, images and tables (Dagster tables, markdown)
+in metadata, row counts, plots, data hashes."""
 from __future__ import annotations
 
 import base64
@@ -46,6 +46,37 @@ def data_hash(df: pd.DataFrame) -> str:
     cols = sorted(c for c in df.columns if c != "run_id")
     h = pd.util.hash_pandas_object(df[cols].sort_values(cols[:4]).reset_index(drop=True), index=False)
     return hashlib.sha256(h.to_numpy().tobytes()).hexdigest()[:16]
+
+
+def metadata_table(df: pd.DataFrame, pct: list[str] | None = None, digits: int = 4) -> dg.MetadataValue:
+    """A DataFrame as a Dagster table (typed, sortable columns in the UI). Columns in `pct`
+    (default: every `*_rel_err`) are shown as percentages, named "<column> %", to 0.01 %;
+    other floats are rounded to `digits` significant digits; NaN is an empty cell."""
+    pct = [c for c in df.columns if str(c).endswith("_rel_err")] if pct is None else pct
+    kinds, names, cols = {}, {}, {}
+    for c in df.columns:
+        s = df[c]
+        if c in pct:
+            names[c], kinds[c] = f"{c} %", "float"
+            cols[c] = [None if v != v else round(100 * float(v), 2) for v in s]
+        elif pd.api.types.is_bool_dtype(s):
+            names[c], kinds[c], cols[c] = str(c), "bool", [bool(v) for v in s]
+        elif pd.api.types.is_integer_dtype(s):
+            names[c], kinds[c], cols[c] = str(c), "int", [int(v) for v in s]
+        elif pd.api.types.is_float_dtype(s):
+            names[c], kinds[c] = str(c), "float"
+            cols[c] = [None if v != v else float(f"{float(v):.{digits}g}") for v in s]
+        else:
+            names[c], kinds[c], cols[c] = str(c), "string", [None if v is None else str(v) for v in s]
+    schema = dg.TableSchema(columns=[dg.TableColumn(names[c], kinds[c]) for c in df.columns])
+    records = [dg.TableRecord({names[c]: cols[c][i] for c in df.columns}) for i in range(len(df))]
+    return dg.MetadataValue.table(records=records, schema=schema)
+
+
+def rounded(x: float, digits: int = 4) -> float:
+    """A metric for metadata: `digits` significant digits (0.123456789 -> 0.1235)."""
+    x = float(x)
+    return x if x != x else float(f"{x:.{digits}g}")
 
 
 def md_table(df: pd.DataFrame, floatfmt: str = ".3g") -> dg.MetadataValue:

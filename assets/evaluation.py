@@ -9,7 +9,7 @@ import time
 import pandas as pd
 
 import dagster as dg
-from assets.common import data_hash, image_md, md_table, row_count, save_plot
+from assets.common import data_hash, image_md, metadata_table, row_count, save_plot
 from assets.models import attention_model, embedding_model, gemm_model, memory_model, utility_model
 from assets.samples import gemm_samples, utility_samples
 from pipeline.analysis.bench import bench_predict
@@ -56,7 +56,7 @@ def mlp_baselines(context: dg.AssetExecutionContext, warehouse: DuckDBWarehouse,
         tracking.log_fit(name, device, {"grid": grid, "version": version}, metrics, {"data_hash": dhash},
                          [path / "model.json"], store_version=version, store_path=path)
         summary.append({"model": name, "fit_s": fit_s, "mean_rel_err": float(errors["mean_rel_err"].mean())})
-    return dg.MaterializeResult(metadata={"grid": grid, "baselines": md_table(pd.DataFrame(summary))})
+    return dg.MaterializeResult(metadata={"grid": grid, "baselines": metadata_table(pd.DataFrame(summary))})
 
 
 @dg.asset(partitions_def=devices, group_name="evaluate", kinds={"numpy", "duckdb"},
@@ -92,7 +92,8 @@ def model_evaluation(context: dg.AssetExecutionContext, warehouse: DuckDBWarehou
                           n_loop=5_000, n_baseline=200_000, op="linear", dtype="float32")
     pivot = errors.pivot_table(index=["layer_type", "dtype"], columns="model", values="mean_rel_err").reset_index()
     return dg.MaterializeResult(metadata={
-        "table_ii_mean_rel_err": md_table(pivot),
+        # Table II: mean relative error (%) per (layer type, dtype), one column per model
+        "table_ii_mean_rel_err": metadata_table(pivot, pct=[c for c in pivot.columns if c not in ("layer_type", "dtype")]),
         "selection_accuracy": dg.MetadataValue.json(selection_accuracy(gemm.selector, gheld)),
         "predictions_per_s": dg.MetadataValue.json({k: round(v) for k, v in speed.items()}),
         "worst_error_per_bin": image_md(bins_png, "Max relative error per FLOP bin (PM2Lat Fig. 5)"),

@@ -21,7 +21,7 @@ import dagster as dg
 import numpy as np
 import pandas as pd
 
-from assets.common import data_hash, device_check, image_md, md_table, row_count, save_plot
+from assets.common import data_hash, device_check, image_md, metadata_table, rounded, row_count, save_plot
 from pipeline.analysis.plots import predicted_vs_measured
 from pipeline.analysis.quality import Gates
 from pipeline.orchestration.partitions import devices
@@ -64,7 +64,7 @@ def timing_check_results(df: pd.DataFrame, gates: Gates, time_col: str) -> list[
         dg.AssetCheckResult(check_name="finite_positive", passed=bad == 0, metadata={"bad_rows": bad}),
         dg.AssetCheckResult(check_name="sweep_noise", passed=noisy <= gates.max_noisy_share,
                             severity=dg.AssetCheckSeverity.WARN,
-                            metadata={"noisy_share": noisy, "max_noisy_share": gates.max_noisy_share}),
+                            metadata={"noisy_share": rounded(noisy), "max_noisy_share": gates.max_noisy_share}),
     ]
 
 
@@ -90,7 +90,7 @@ def heldout_check_result(errors: pd.DataFrame, overall: pd.Series, passed: bool,
         metadata={"worst_median": f"{worst['op']} {worst['dtype']}: {worst['median_rel_err']:.1%}",
                   "over_threshold": "; ".join(f"{r.op} {r.dtype}: median {r.median_rel_err:.1%}"
                                               for r in over.itertuples()) or "none",
-                  "overall_mean": float(overall["mean_rel_err"]), "max_median_allowed": gates.max_heldout_err,
+                  "overall_mean": rounded(overall["mean_rel_err"]), "max_median_allowed": gates.max_heldout_err,
                   "max_mean_allowed": gates.max_heldout_mean_err})
 
 
@@ -174,9 +174,11 @@ def fit_and_register(context, warehouse, tracking, store, spec: FittedModel, gat
                                   [path / "model.json", plot_path], store_version=version, store_path=path,
                                   passed=passed)
     metadata = {"version": version, "path": dg.MetadataValue.path(str(path)), "mlflow_run_id": mlflow_run,
-                "data_hash": dhash, "heldout_mean_rel_err": float(overall["mean_rel_err"]),
-                "heldout_max_rel_err": float(overall["max_rel_err"]), "heldout_errors": md_table(errors),
+                "mlflow_run": dg.MetadataValue.url(tracking.run_url(mlflow_run)), "data_hash": dhash,
+                "heldout_mean_rel_err": rounded(overall["mean_rel_err"]),
+                "heldout_max_rel_err": rounded(overall["max_rel_err"]),
+                "heldout_errors": metadata_table(errors),  # per (op, dtype); relative errors in %
                 "predicted_vs_measured": image_md(png, "Held-out shapes: predicted vs measured")}
     if spec.table_iv is not None:  # of the version just saved, even if it fails its check
-        metadata["table_iv"] = md_table(spec.table_iv(store.load(device, name, version), held))
+        metadata["table_iv"] = metadata_table(spec.table_iv(store.load(device, name, version), held))
     return dg.MaterializeResult(metadata=metadata, check_results=[heldout_check_result(errors, overall, passed, gates)])

@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 
 import dagster as dg
-from assets.common import data_hash, device_check, md_table, row_count
+from assets.common import data_hash, device_check, md_table, metadata_table, row_count
 from assets.samples import device_spec
 from pipeline.orchestration.partitions import devices
 from pipeline.predict.evaluate import error_table
@@ -133,8 +133,9 @@ def gemm_config_model(context: dg.AssetExecutionContext, warehouse: DuckDBWareho
     passed = bool(np.isfinite(sel_mean) and sel_mean >= 0.5)
     return dg.MaterializeResult(
         metadata={"version": version, "path": dg.MetadataValue.path(str(path)), "mlflow_run_id": mlflow_run,
+                  "mlflow_run": dg.MetadataValue.url(tracking.run_url(mlflow_run)),
                   "problems": ", ".join(sorted(model.models)), **metrics,
-                  "heldout_errors": md_table(errors) if len(errors) else "no held-out rows"},
+                  "heldout_errors": metadata_table(errors) if len(errors) else "no held-out rows"},
         check_results=[dg.AssetCheckResult(check_name="selection_accuracy", passed=passed,
                                            severity=dg.AssetCheckSeverity.WARN,
                                            metadata={"selection_accuracy_mean": sel_mean})])

@@ -65,4 +65,5 @@ def overhead_model(context: dg.AssetExecutionContext, warehouse: DuckDBWarehouse
                            {"data_hash": dhash}, [path / "model.json"], store_version=version, store_path=path)
     return dg.MaterializeResult(metadata={
         "version": version, "path": dg.MetadataValue.path(str(path)), "mlflow_run_id": run,
+        "mlflow_run": dg.MetadataValue.url(tracking.run_url(run)),
         "op_types": len(model.individual), "outliers_removed": len(samples) - kept, "shared_means": md_table(per_type)})

@@ -58,7 +58,10 @@ def _setup_lock(uri: str):
 class MLflowTracking(dg.ConfigurableResource):
     tracking_uri: str = ""  # empty: sqlite under $DEVCHAR_HOME
     artifact_root: str = ""
+    # where the MLflow UI serves this store (`make mlflow`): the base of the run links in metadata
+    ui_url: str = "http://127.0.0.1:5000"
     _dagster_run_id: str = PrivateAttr(default="")
+    _experiment_id: str = PrivateAttr(default="")
 
     def setup_for_execution(self, context: dg.InitResourceContext) -> None:
         # Every MLflow run a Dagster run logs is tagged with it (dagster_run_id), whichever asset logs.
@@ -81,8 +84,12 @@ class MLflowTracking(dg.ConfigurableResource):
             elif experiment.tags.get(EXPERIMENT_KIND_TAG) != EXPERIMENT_KIND:  # made before the tag
                 mlflow.MlflowClient().set_experiment_tag(experiment.experiment_id, EXPERIMENT_KIND_TAG,
                                                          EXPERIMENT_KIND)
-        mlflow.set_experiment(EXPERIMENT)
+        self._experiment_id = mlflow.set_experiment(EXPERIMENT).experiment_id
         return mlflow
+
+    def run_url(self, run_id: str) -> str:
+        """The MLflow UI's page of a run log_fit logged."""
+        return f"{self.ui_url.rstrip('/')}/#/experiments/{self._experiment_id or '0'}/runs/{run_id}"
 
     def log_fit(self, model_name: str, device: str, params: dict, metrics: dict, tags: dict,
                 artifacts: list[Path], *, store_version: str | None = None, store_path: Path | None = None,

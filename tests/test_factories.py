@@ -137,6 +137,9 @@ class StubTracking:
         self.registered.append(registration)  # store_version, store_path, passed (resources/tracking.py)
         return "mlflow-run"
 
+    def run_url(self, run_id: str) -> str:
+        return f"http://mlflow.test/#/experiments/0/runs/{run_id}"
+
 
 def _model_rows(held_scale: float) -> pd.DataFrame:
     k = [1.0, 2.0, 4.0, 8.0]
@@ -166,6 +169,13 @@ def test_a_model_asset_fits_scores_saves_and_checks(devchar_home, tmp_path, held
     assert {"version", "path", "mlflow_run_id", "heldout_errors", "predicted_vs_measured", "table_iv"} <= set(meta)
     ((_, version),) = store.saved
     assert meta["version"].text == version and store.saved["gemm_model", version][1]["heldout_check_passed"] == passes
+    # Dagster-native: the held-out errors a table (relative errors in %), the MLflow run a link
+    assert meta["mlflow_run"].url == "http://mlflow.test/#/experiments/0/runs/mlflow-run"
+    (row,) = [r.data for r in meta["heldout_errors"].records]
+    assert row["op"] == "mm" and row["dtype"] == "float32" and row["n"] == 4
+    assert row["mean_rel_err %"] == pytest.approx(0.0 if passes else 90.0, abs=0.01)
+    assert meta["heldout_mean_rel_err"].value == pytest.approx(0.0 if passes else 0.9)
+    assert [c.name for c in meta["table_iv"].schema.columns] == ["kernel", "gmae"]
     # registered as that store version, champion only if it passed
     assert [(r["store_version"], r["passed"]) for r in tracking.registered] == [(version, passes)]
     assert seen == [(2.0, 4)]  # Table IV of the version just saved, on the held-out rows

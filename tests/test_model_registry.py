@@ -86,6 +86,7 @@ def test_a_model_asset_tags_its_mlflow_run_with_the_dagster_run(tracking, tmp_pa
     client = MlflowClient(tracking_uri=uri, registry_uri=uri)
     run = client.get_run(meta["mlflow_run_id"].text)
     assert run.data.tags["dagster_run_id"] == result.run_id
+    assert meta["mlflow_run"].url == f"http://127.0.0.1:5000/#/experiments/{run.info.experiment_id}/runs/{run.info.run_id}"
     assert champion_version("gemm_model", DEVICE, uri)[0] == meta["version"].text
 
 

@@ -3,6 +3,10 @@
 - `subprocess` (the default): `python -m pipeline.runner` through Dagster Pipes, one fresh
   process per sweep, so a CUDA crash or a hung kernel kills a child, not the run.
 - `in_process`: the local device, in the Dagster run's own process (quicker to start).
+- `k8s`: a device listed in `k8s.devices` runs each sweep in a pod of its own on its GPU node
+  (resources/k8s.py, dagster-k8s' PipesK8sClient; docs/kubernetes.md); any other partition is
+  handled as in `subprocess` mode. The tables come back as files on a shared volume, named by
+  the runner's Pipes messages (read_results, which the subprocess mode reads through too).
 - A partition key that is not a local device but has a committed reference calibration
   (models_store/reference/<device>/<table>.parquet, measured on a GPU node by the same
   runner) is loaded from there; `source="reference"` loads it even where the device is local
@@ -10,8 +14,10 @@
 """
 from __future__ import annotations
 
+import shutil
 import sys
 import tempfile
+import uuid
 from pathlib import Path
 from typing import ClassVar, Literal
 
@@ -22,10 +28,35 @@ from pipeline.core.config import REPO_ROOT, reference_root
 from pipeline.core.errors import UnknownDeviceError
 from pipeline.runner import SWEEPS, tables_of
 from pipeline.core.slugs import SLUG, check_slug, under
+from resources.k8s import K8sSettings, run_pod, sweep_pod
 
 
 def read_rows(path: Path) -> pd.DataFrame:
     return pd.read_parquet(path) if path.suffix == ".parquet" else pd.read_json(path, lines=True)
+
+
+def read_results(messages: list, out_dir: Path, sweep: str) -> dict[str, pd.DataFrame]:
+    """The tables a runner wrote under `out_dir` for `sweep`: from the files its Pipes custom
+    messages name ({"table", "path", "rows"}), each checked to lie under `out_dir` and to hold
+    the rows it reported; a table with no message (a runner without Pipes) from out_dir/<table>.*."""
+    root = Path(out_dir).resolve()
+    reported = {m["table"]: m for m in messages if isinstance(m, dict) and "table" in m and "path" in m}
+    tables = {}
+    for table in tables_of(sweep):
+        if table in reported:
+            path = Path(reported[table]["path"]).resolve()
+            if not path.is_relative_to(root) or not path.is_file():
+                raise RuntimeError(f"runner reported {table} at {path}, not a file under {root}")
+            rows = read_rows(path)
+            if "rows" in reported[table] and len(rows) != int(reported[table]["rows"]):
+                raise RuntimeError(f"runner reported {reported[table]['rows']} {table} rows; {path} holds {len(rows)}")
+        else:
+            files = sorted(root.glob(f"{table}.*"))
+            if not files:
+                raise RuntimeError(f"runner wrote no {table} for sweep {sweep!r} under {root}")
+            rows = read_rows(files[0])
+        tables[table] = rows
+    return tables
 
 
 def reference_dir(device: str) -> Path:
@@ -65,13 +96,15 @@ class DeviceRunner(dg.ConfigurableResource):
     # A fresh process per sweep: each starts from the same allocator and cache state (a long
     # in-process run leaves glibc's mmap threshold raised, which hides the page faults large
     # outputs pay in a real run), and a crashing or hung kernel takes down only the child.
-    mode: Literal["in_process", "subprocess"] = "subprocess"
+    # "k8s": a pod per sweep for the devices in `k8s.devices` (resources/k8s.py)
+    mode: Literal["in_process", "subprocess", "k8s"] = "subprocess"
     # "auto": a local device is measured, any other partition loads its reference calibration;
     # "reference": the committed calibration always, never a measurement
     source: Literal["auto", "reference"] = "auto"
     # where fits that train on a device (the OpenCL prompt models) run; empty: the GPU when
     # torch sees one, else the CPU
     train_device: str = ""
+    k8s: K8sSettings = K8sSettings()  # mode "k8s": image, node selector and limits per device
 
     def run(self, context: dg.AssetExecutionContext, sweep: str, device: str) -> pd.DataFrame:
         """The sweep's main table."""
@@ -81,6 +114,8 @@ class DeviceRunner(dg.ConfigurableResource):
         """Every table the sweep fills (runner.tables_of), by name."""
         from pipeline.device.discover import local_devices
 
+        if self.source != "reference" and self.mode == "k8s" and device in self.k8s.devices:
+            return self._run_k8s(context, sweep, device)
         if self.source == "reference" or device not in local_devices():
             out = {}
             for table in tables_of(sweep):
@@ -91,7 +126,7 @@ class DeviceRunner(dg.ConfigurableResource):
                 context.log.info(f"{device}: loading its reference calibration {ref}")
                 out[table] = read_rows(ref).assign(device=device)
             return out
-        if self.mode == "subprocess":
+        if self.mode in ("subprocess", "k8s"):
             return self._run_subprocess(context, sweep, device)
         from pipeline.runner import run_sweep_tables
 
@@ -102,11 +137,15 @@ class DeviceRunner(dg.ConfigurableResource):
         with tempfile.TemporaryDirectory(prefix="devchar-runner-") as out:
             cmd = [sys.executable, "-m", "pipeline.runner", sweep, "--device", device, "--profile",
                    self.profile, "--out", out, "--run-id", context.run.run_id[:12]]
-            dg.PipesSubprocessClient(cwd=str(REPO_ROOT)).run(command=cmd, context=context).get_results()
-            tables = {}
-            for table in tables_of(sweep):
-                files = sorted(Path(out).glob(f"{table}.*"))
-                if not files:
-                    raise RuntimeError(f"runner wrote no {table} for sweep {sweep!r} on {device!r}")
-                tables[table] = read_rows(files[0])
-            return tables
+            invocation = dg.PipesSubprocessClient(cwd=str(REPO_ROOT)).run(command=cmd, context=context)
+            return read_results(list(invocation.get_custom_messages()), Path(out), sweep)
+
+    def _run_k8s(self, context: dg.AssetExecutionContext, sweep: str, device: str) -> dict[str, pd.DataFrame]:
+        """One pod for the sweep on the device's node; its tables read back from the shared volume."""
+        out = Path(self.k8s.results_dir) / context.run.run_id / f"{sweep}-{uuid.uuid4().hex[:8]}"
+        pod = sweep_pod(self.k8s, device, sweep, self.profile, context.run.run_id[:12], out)
+        context.log.info(f"{device}: sweep {sweep} in a pod ({pod.image}, nodes {pod.base_pod_spec['node_selector']})")
+        try:
+            return read_results(run_pod(context, self.k8s, pod), out, sweep)
+        finally:
+            shutil.rmtree(out, ignore_errors=True)  # the tables are in the warehouse now (or the run failed)

@@ -181,6 +181,15 @@ class PipelineRun:
     def bottleneck_s(self) -> float:
         return max(self.stage1_s, self.stage2_s)
 
+    def stage_cpu_s(self, stage: int) -> float:
+        """Median process CPU time per request (stage 1: its compute; the copy is in busy_s):
+        the work the stage did on its cores, without the time another process held them."""
+        return statistics.median(r["cpu_s"] for r in (self.stage1 if stage == 1 else self.stage2))
+
+    @property
+    def cpu_bottleneck_s(self) -> float:
+        return max(self.stage_cpu_s(1) + self.copy_s, self.stage_cpu_s(2))
+
     @property
     def period_s(self) -> float:
         """Median gap between consecutive completions: the pipeline's observed pace."""

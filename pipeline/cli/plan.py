@@ -39,8 +39,9 @@ def register(subparsers) -> None:
 
 
 def _device_models(device: str) -> dict:
-    """A device's models for pricing; UnknownDeviceError when nothing is saved for it."""
-    from pipeline.cli.predict import _is_cpu, _load_model, _optional_models
+    """A device's models for pricing, as `devchar predict` loads them (the registry's champion,
+    else the store's latest passing version); UnknownDeviceError when nothing is saved for it."""
+    from pipeline.cli.predict import _is_cpu, _optional_models, champion_model
     from pipeline.core.config import model_store_root
 
     root = model_store_root()
@@ -48,8 +49,8 @@ def _device_models(device: str) -> dict:
         known = sorted(d.name for d in root.iterdir() if d.is_dir()) if root.is_dir() else []
         raise UnknownDeviceError(f"unknown device {device!r}: no models saved for it under {root} (devices with "
                                  f"models: {known or 'none'}); characterize it with `devchar run` first")
-    overheads, extra = _optional_models(device)
-    return {"gemm": _load_model(device, "gemm_model"), "utility": _load_model(device, "utility_model"),
+    overheads, extra = _optional_models(device, load=champion_model)
+    return {"gemm": champion_model(device, "gemm_model"), "utility": champion_model(device, "utility_model"),
             "overheads": overheads, "extra": extra, "synchronous": _is_cpu(device)}
 
 
@@ -62,6 +63,7 @@ def _check_args(args) -> None:
 
 
 def cmd_plan(args) -> int:
+    from pipeline.cli.predict import say_fallbacks
     from pipeline.core.dtypes import check_dtype
     from pipeline.predict.plan import PlanError, plan
     from pipeline.workloads import predict_callable as pc
@@ -92,6 +94,7 @@ def cmd_plan(args) -> int:
     link, link_note = _link(args, prices.transfer_bytes, first, dtype)
     best, every = plan(prices.costs[first], prices.costs[second], prices.transfer_bytes, link)
     _print_plan(args, config, prices, best, every, link, link_note)
+    say_fallbacks()
     if args.measure:
         _measure(args, config, dtype, best, threads)
     return 0

@@ -170,6 +170,8 @@ def test_plan_unknown_device_and_one_block(plan_models, tmp_path, capsys):
 def test_plan_measure_needs_this_machines_cpu(plan_models, tmp_path, capsys):
     assert _plan("--hf-config", _config(tmp_path), "--devices", DEVICE, DEVICE, "--measure") == 2
     _one_line(capsys, "not one of its slugs")
+    assert _plan("--hf-config", _config(tmp_path), "--devices", DEVICE, DEVICE) == 2  # no --link-gbps
+    _one_line(capsys, "give --link-gbps")
 
 
 def test_plan_a_tiny_model_end_to_end(plan_models, tmp_path, capsys):

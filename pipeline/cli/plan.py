@@ -83,6 +83,8 @@ def cmd_plan(args) -> int:
         threads = (local_cpu_threads(first), local_cpu_threads(second))
         assign_cores(threads)
         check_splittable(config)
+    if args.link_gbps is None:
+        _local_link_threads(first)  # a link that cannot be measured here fails before the capture
     models = {d: _device_models(d) for d in dict.fromkeys((first, second))}
     model = pc.build_causal_lm(args.hf_config, dtype, config=config)
     decoder_parts(model)  # a model plan cannot split fails before the capture
@@ -105,17 +107,24 @@ def _link(args, moved, first: str, dtype: str):
 
     if args.link_gbps is not None:
         return Link(args.link_gbps, args.link_latency_us), "given"
-    from pipeline.workloads.two_stage import local_cpu_threads, measure_copy_gbps
+    from pipeline.workloads.two_stage import measure_copy_gbps
 
-    try:
-        threads = local_cpu_threads(first)
-    except UnknownDeviceError as exc:
-        raise UnknownDeviceError(f"give --link-gbps: the link can be measured here only between CPU partitions of "
-                                 f"this machine ({exc})") from None
+    threads = _local_link_threads(first)
     nbytes = max(moved)
     gbps = measure_copy_gbps(nbytes, threads, dtype)
     return Link(gbps, args.link_latency_us), f"measured here: a {nbytes / 1024:,.0f} KiB copy into shared memory " \
                                              f"at {threads} thread(s)"
+
+
+def _local_link_threads(first: str) -> int:
+    """The first device's threads, when the link is measured here; else why it cannot be."""
+    from pipeline.workloads.two_stage import local_cpu_threads
+
+    try:
+        return local_cpu_threads(first)
+    except UnknownDeviceError as exc:
+        raise UnknownDeviceError(f"give --link-gbps: the link can be measured here only between CPU partitions of "
+                                 f"this machine ({exc})") from None
 
 
 def _ms(us: float) -> str:

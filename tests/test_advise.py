@@ -163,7 +163,7 @@ def test_cli_bad_heads_is_one_line(capsys):
     assert rc == 2 and out.err.count("\n") == 1 and "not divisible by 3" in out.err
 
 
-def test_cli_advises_on_saved_models(a100, capsys, tmp_path):
+def test_cli_advises_on_saved_models(a100, capsys, tmp_path, devchar_home):
     from pipeline.core.config import model_store_root
     from pipeline.predict import store
 
@@ -176,6 +176,42 @@ def test_cli_advises_on_saved_models(a100, capsys, tmp_path):
     assert rc == 0, out.err
     assert "lm_head" in out.out and "no: n=50257" in out.out and "heads       32       20" in out.out
     assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_measured_advice_is_recorded_for_this_machine_only(a100, capsys, monkeypatch, devchar_home):
+    """--measure writes its rows, measured speed-ups included, into shape_advice for this
+    machine's partition (replacing that model's rows), and records nothing for another device."""
+    from pipeline.cli import common
+    from pipeline.core.config import model_store_root
+    from pipeline.predict import store
+    from pipeline.workloads import advise_measure
+    from resources.warehouse import DuckDBWarehouse
+
+    for device in ("gpu-a100-like", "gpu-other"):
+        for name, model in zip(("gemm_model", "utility_model"), a100):
+            store.save(model_store_root(), device, name, model, {}, "20260101T000000-x")
+    timed = []
+
+    def fake_measure_ab(variants, seq, dtype, **kw):  # no timing here: original 10 us/token, others 8
+        timed.append(sorted(variants))
+        return advise_measure.ABResult(list(variants), {lb: np.full(3, 10.0 if lb == "original" else 8.0)
+                                                        for lb in variants})
+
+    monkeypatch.setattr(advise_measure, "measure_ab", fake_measure_ab)
+    monkeypatch.setattr(common, "local_slug", lambda device=None: device or "gpu-a100-like")
+    argv = ["advise", "--case", "gpt3-2.7b", "--dtype", "float16", "--seq", "256", "--dims", "heads",
+            "--propose", "heads=20", "--measure", "--measure-layers", "1", "--rounds", "3", "--reps", "1"]
+    for _ in range(2):  # twice: the second replaces the first's rows
+        rc, out = _main([*argv, "--device", "gpu-a100-like"], capsys)
+        assert rc == 0, out.err
+    got = DuckDBWarehouse().query("SELECT device, model, dimension, proposed, measured_speedup, verdict "
+                                  "FROM shape_advice")
+    heads20 = got[(got["dimension"] == "heads") & (got["proposed"] == "20")]
+    assert len(heads20) == 1 and heads20["measured_speedup"].iloc[0] == pytest.approx(1.25)
+    assert set(got["device"]) == {"gpu-a100-like"} and set(got["model"]) == {"gpt3-2.7b"}
+    rc, out = _main([*argv, "--device", "gpu-other"], capsys)
+    assert rc == 0 and "not recorded" in out.err
+    assert len(DuckDBWarehouse().query("SELECT * FROM shape_advice")) == len(got) and len(timed) == 3
 
 
 def test_catalog_skips_a_model_the_calibration_does_not_cover(a100):

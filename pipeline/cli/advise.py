@@ -134,6 +134,7 @@ def cmd_advise(args) -> int:
     rows_df = pd.DataFrame(rows)
     if args.measure:
         rows_df = _measure(args, name, config, shape, other, rows_df, dtype, gemm, utility)
+        _record(device, rows_df.assign(dtype=dtype, batch=args.batch, seq=args.seq))
     print(advice.format_rows(rows_df))
     if args.plot:
         from pipeline.analysis.plots import advice_plot
@@ -228,3 +229,23 @@ def _measure(args, name, config, shape, other, rows, dtype, gemm, utility):
               f"{r['verdict']}")
     print()
     return rows
+
+
+def _record(device: str, rows) -> None:
+    """Measured advice goes into shape_advice, replacing this device's rows for this model (the
+    latest advice per device and model, measured where measured); the asset's next
+    materialization prices the catalog afresh. Only for this machine: a speed-up measured here
+    says nothing about another device's partition."""
+    import time
+
+    from pipeline.cli.common import local_slug, warehouse
+
+    if device != local_slug(None):
+        print(f"devchar: note: measured on this machine ({local_slug(None)}), not on {device}: "
+              "not recorded in shape_advice", file=sys.stderr)
+        return
+    run_id = time.strftime("advise-%Y%m%dT%H%M%S", time.gmtime())
+    rows = rows.assign(device=device, run_id=run_id, original=rows["original"].astype(str),
+                       proposed=rows["proposed"].astype(str))
+    n = warehouse().replace_partition("shape_advice", device, rows, scope="model")
+    print(f"recorded {n} rows in shape_advice for {device} (devchar sql \"select * from shape_advice\")")

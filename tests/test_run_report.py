@@ -2,6 +2,8 @@
 noise, load and what to do; and a Table II section even when the evaluation never ran."""
 import types
 
+import pytest
+
 from pipeline.analysis.run_report import FailedCheck, FailedStep, explain_failure
 
 
@@ -18,7 +20,11 @@ def test_a_failed_heldout_check_is_explained():
     assert "idle machine" in text and "DEVCHAR_MAX_HELDOUT_ERR=" in text and "load average" in text
 
 
-def test_failures_are_read_from_run_events():
+@pytest.mark.parametrize("message", [
+    "Blocking check 'heldout_error' for asset 'utility_model' failed",
+    "dagster._core.errors.DagsterAssetCheckFailedError: 1 blocking asset check failed with ERROR severity:\n"
+    "utility_model: heldout_error"])  # the second is what Dagster 1.13 says
+def test_failures_are_read_from_run_events(message):
     from pipeline.analysis.run_report import failures
 
     check = types.SimpleNamespace(passed=False, metadata={"worst_median": types.SimpleNamespace(value="bmm 70%")},
@@ -28,7 +34,7 @@ def test_failures_are_read_from_run_events():
         types.SimpleNamespace(event_type_value="ASSET_CHECK_EVALUATION", event_specific_data=check, step_key="s"),
         types.SimpleNamespace(event_type_value="STEP_FAILURE", step_key="utility_model",
                               event_specific_data=types.SimpleNamespace(error=types.SimpleNamespace(
-                                  message="Blocking check 'heldout_error' for asset 'utility_model' failed"))),
+                                  message=message))),
         types.SimpleNamespace(event_type_value="STEP_FAILURE", step_key="memory_model",
                               event_specific_data=types.SimpleNamespace(error=types.SimpleNamespace(message="boom"))),
     ]

@@ -4,12 +4,17 @@ a run's events are read by their attributes (event_type_value, event_specific_da
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 
 from pipeline.core.errors import DevcharError
 from pipeline.analysis.quality import Gates
 
 SAMPLE_TABLES = ("gemm_samples", "utility_samples", "attention_samples", "embedding_samples", "memory_samples")
+
+# how Dagster words a step stopped by a blocking check (1.13: "1 blocking asset check failed
+# with ERROR severity"); such a step is reported once, as its check
+BLOCKING_CHECK = re.compile(r"blocking (asset )?checks? .*failed", re.IGNORECASE)
 
 
 @dataclass
@@ -58,7 +63,7 @@ def failures(events) -> tuple[list[FailedCheck], list[FailedStep]]:
             checks.append(FailedCheck(ev.asset_key.to_user_string(), ev.check_name, bool(ev.blocking), meta))
         elif e.event_type_value == "STEP_FAILURE":
             msg = getattr(getattr(e.event_specific_data, "error", None), "message", "") or ""
-            if "blocking check" not in msg.lower():  # already told as the failed check itself
+            if not BLOCKING_CHECK.search(msg):  # already told as the failed check itself
                 steps.append(FailedStep(e.step_key, msg))
     return checks, steps
 

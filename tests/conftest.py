@@ -35,3 +35,56 @@ def synthetic_gemm_model():
                  waves=w, median_us=(1 + k / 32) * w**0.8, held_out=False)
             for w, (m, n) in ((1, (8, 16)), (4, (16, 32)), (16, (32, 64))) for k in (32, 64, 128, 256)]
     return GemmModel.fit(pd.DataFrame(rows))
+
+
+@pytest.fixture(scope="session")
+def cpu():
+    """This machine's CPU as devchar identifies it (the sweeps' device argument)."""
+    from pipeline.device.discover import identify_cpu
+
+    return identify_cpu()
+
+
+@pytest.fixture(scope="session")
+def dlrm_captures():
+    """Execution graphs of the tiny DLRM training step at batch 4, 8 and 16: captured once for
+    every test that prices, predicts or transforms them (each capture runs the model)."""
+    from pipeline.workloads.capture import capture
+    from pipeline.workloads.dlrm import TINY_CONFIGS
+    from pipeline.workloads.dlrm_run import build_dlrm, make_batch, train_step
+
+    spec, out = TINY_CONFIGS[0], {}
+    for b in (4, 8, 16):
+        model, batch = build_dlrm(spec), make_batch(spec, b)
+        out[b] = capture(lambda: train_step(model, batch), warmup=1)
+    return out
+
+
+class FlatKernelModel:
+    """A made-up kernel model: 1 µs per call, whatever the op."""
+
+    def predict(self, *args, **kw):
+        return 1.0
+
+
+@pytest.fixture
+def flat():
+    return FlatKernelModel()
+
+
+@pytest.fixture
+def linear_utility_samples():
+    """utility_samples rows that follow one linear law: 3 µs per call plus bytes at 10 GB/s."""
+    import numpy as np
+    import pandas as pd
+
+    from pipeline.predict.traffic import utility_traffic
+
+    def make(op="relu", dtype="float32"):
+        rows, cols = np.meshgrid([1, 16, 256, 1024], [64, 512, 4096])
+        rows, cols = rows.ravel(), cols.ravel()
+        br, bw, _ = utility_traffic(op, rows, cols, 4)
+        us = 3.0 + (br + bw) / 10e3
+        return pd.DataFrame(dict(op=op, dtype=dtype, rows=rows, cols=cols, median_us=us, held_out=False))
+
+    return make

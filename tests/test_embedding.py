@@ -11,13 +11,6 @@ from pipeline.core.errors import BadShapeError, MissingModelError, UnknownDtypeE
 from pipeline.predict.embedding import EmbeddingModel, embedding_traffic, hit_rate, table_iv_rows
 
 
-@pytest.fixture(scope="module")
-def cpu():
-    from pipeline.device.discover import identify_cpu
-
-    return identify_cpu()
-
-
 def test_embedding_sweep_tiny(cpu):
     from pipeline.sweeps.embedding import sweep_embedding
 

@@ -8,9 +8,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from pipeline.workloads.capture import capture
 from pipeline.workloads.dlrm import TINY_CONFIGS
-from pipeline.workloads.dlrm_run import build_dlrm, make_batch, train_step
 from pipeline.predict.graph_predict import predict_runs, table_v
 from pipeline.workloads.host_time import cpu_overheads
 from pipeline.predict.price import classify_graph, price_graph
@@ -19,25 +17,9 @@ from pipeline.predict.price_recsys import EMB_BWD, EMB_FWD, RecsysOps
 SPEC = TINY_CONFIGS[0]
 
 
-@pytest.fixture(scope="module")
-def dlrm_captures():
-    out = {}
-    for b in (4, 8, 16):
-        model, batch = build_dlrm(SPEC), make_batch(SPEC, b)
-        out[b] = capture(lambda: train_step(model, batch), warmup=1)
-    return out
-
-
-class _Flat:
-    """A made-up kernel model: 1 µs per call, whatever the op."""
-
-    def predict(self, *args, **kw):
-        return 1.0
-
-
-def test_recsys_ops_price_every_dlrm_kernel(dlrm_captures):
+def test_recsys_ops_price_every_dlrm_kernel(dlrm_captures, flat):
     graph, info = dlrm_captures[8]
-    extra = RecsysOps(_Flat(), _Flat())
+    extra = RecsysOps(flat, flat)
     classes = classify_graph(graph, info["shapes"], info["scalars"], extra)
     by_name = {}
     for op in graph:
@@ -56,7 +38,7 @@ def test_recsys_ops_price_every_dlrm_kernel(dlrm_captures):
     sgd = [classes[o.id] for o in graph.by_name("aten::add_")
            if tuple(info["shapes"][o.id][0]) in {(r, SPEC.embedding_dim) for r in SPEC.table_rows}]
     assert len(sgd) == tables and all(c[1] == "covered" for c in sgd)
-    priced, cov = price_graph(graph, info["shapes"], _Flat(), _Flat(), "float32", scalars=info["scalars"],
+    priced, cov = price_graph(graph, info["shapes"], flat, flat, "float32", scalars=info["scalars"],
                               extra=extra, synchronous=True)
     # synchronous: only priced ops keep a kernel; unmapped ones are host time (overheads)
     assert all(c["status"] in ("priced",) for c in cov["ops"] if graph.op(c["id"]).kernels and
@@ -64,7 +46,7 @@ def test_recsys_ops_price_every_dlrm_kernel(dlrm_captures):
     assert cov["dropped_share"] < 0.5
 
 
-def test_predict_runs_three_predictors_and_table_v(dlrm_captures):
+def test_predict_runs_three_predictors_and_table_v(dlrm_captures, flat):
     graphs, samples = [], []
     for b, (g, info) in dlrm_captures.items():
         key = dict(workload="dlrm", config=SPEC.name, batch=b, seq=0, mode="train", dtype="float32")
@@ -74,7 +56,7 @@ def test_predict_runs_three_predictors_and_table_v(dlrm_captures):
                     for r in cpu_overheads(g, info, RecsysOps()).itertuples()]
     samples += [dict(workload="mlp", config="m", batch=1, seq=0, op="aten::relu", type="T1", us=3.0)]
     runs = pd.DataFrame([{k: v for k, v in r.items() if k != "graph_json"} | {"measured_ms": 1.0} for r in graphs])
-    models = {"gemm_model": _Flat(), "utility_model": _Flat(), "embedding_model": _Flat(), "memory_model": _Flat()}
+    models = {"gemm_model": flat, "utility_model": flat, "embedding_model": flat, "memory_model": flat}
     pred = predict_runs(runs, pd.DataFrame(graphs), pd.DataFrame(samples), models, synchronous=True)
     assert set(pred["predictor"]) == {"kernel_only", "e2e_individual", "e2e_shared"}
     assert len(pred) == 9

@@ -13,13 +13,6 @@ from pipeline.predict.memory import table_iv_rows as memory_table_iv
 SMALL_GRID = {"layers": [3], "neurons": [32], "solver": ["adam"], "lr": [1e-2], "epochs": 150}
 
 
-@pytest.fixture(scope="module")
-def cpu():
-    from pipeline.device.discover import identify_cpu
-
-    return identify_cpu()
-
-
 def test_memory_sweep_tiny(cpu):
     from pipeline.sweeps.memory import sweep_memory
 

@@ -17,23 +17,15 @@ def test_traffic_counts_bytes_of_each_op():
     assert utility_traffic("dropout", 1, 10, 4)[1] == 40 + 10  # output plus a byte mask
 
 
-def _linear_samples(op="relu", dtype="float32"):
-    rows, cols = np.meshgrid([1, 16, 256, 1024], [64, 512, 4096])
-    rows, cols = rows.ravel(), cols.ravel()
-    br, bw, _ = utility_traffic(op, rows, cols, 4)
-    us = 3.0 + (br + bw) / 10e3  # 3 us per call, 10 GB/s
-    return pd.DataFrame(dict(op=op, dtype=dtype, rows=rows, cols=cols, median_us=us, held_out=False))
-
-
-def test_regression_recovers_a_linear_law():
-    model = UtilityModel.fit(_linear_samples())
+def test_regression_recovers_a_linear_law(linear_utility_samples):
+    model = UtilityModel.fit(linear_utility_samples())
     br, bw, _ = utility_traffic("relu", 300, 700, 4)
     assert model.predict("relu", "float32", 300, 700) == pytest.approx(3.0 + (br + bw) / 10e3, rel=1e-3)
     again = UtilityModel.from_dict(json.loads(json.dumps(model.to_dict())))
     assert again.predict("relu", "float32", 5, 5) == pytest.approx(model.predict("relu", "float32", 5, 5))
 
 
-def test_a_kernel_switch_becomes_two_regimes():
+def test_a_kernel_switch_becomes_two_regimes(linear_utility_samples):
     """Softmax on the CPU: below 16 columns a scalar kernel, 15x slower per element."""
     rows, cols = (a.ravel() for a in np.meshgrid([1, 16, 128, 1024, 4096], [1, 4, 8, 16, 64, 256, 1024]))
     br, bw, _ = utility_traffic("softmax", rows, cols, 4)
@@ -46,7 +38,7 @@ def test_a_kernel_switch_becomes_two_regimes():
         br, bw, _ = utility_traffic("softmax", r, c, 4)
         want = 2.0 + (br + bw) * (15e-4 if c < 16 else 1e-4)
         assert model.predict("softmax", "float32", r, c) == pytest.approx(want, rel=1e-3)
-    assert UtilityModel.fit(_linear_samples()).regimes[("relu", "float32")]["split"] is None  # one law: no split
+    assert UtilityModel.fit(linear_utility_samples()).regimes[("relu", "float32")]["split"] is None  # one law: no split
     again = UtilityModel.from_dict(json.loads(json.dumps(model.to_dict())))
     np.testing.assert_allclose(again.predict("softmax", "float32", rows, cols), model.predict("softmax", "float32",
                                                                                                 rows, cols))
@@ -58,8 +50,8 @@ def test_utility_model_saved_before_regimes_still_loads():
     assert UtilityModel.from_dict(old).predict("relu", "float32", 10, 10) == pytest.approx(3.0 + (br + bw) * 1e-4)
 
 
-def test_utility_bad_input():
-    model = UtilityModel.fit(_linear_samples())
+def test_utility_bad_input(linear_utility_samples):
+    model = UtilityModel.fit(linear_utility_samples())
     with pytest.raises(BadShapeError, match="rows=0"):
         model.predict("relu", "float32", 0, 5)
     with pytest.raises(UnknownDtypeError, match="int4"):

@@ -5,30 +5,12 @@ import math
 
 import pytest
 
-from pipeline.workloads.capture import capture
 from pipeline.workloads.dlrm import TINY_CONFIGS
-from pipeline.workloads.dlrm_run import build_dlrm, make_batch, train_step
 from pipeline.predict.price import classify_graph
 from pipeline.predict.price_recsys import EMB_BWD, EMB_FWD, RecsysOps
 from pipeline.predict.what_if import fuse_embedding_bags, with_batch
 
 SPEC = TINY_CONFIGS[0]
-
-
-@pytest.fixture(scope="module")
-def dlrm_captures():
-    out = {}
-    for b in (4, 8, 16):
-        model, batch = build_dlrm(SPEC), make_batch(SPEC, b)
-        out[b] = capture(lambda: train_step(model, batch), warmup=1)
-    return out
-
-
-class _Flat:
-    """A made-up kernel model: 1 µs per call, whatever the op."""
-
-    def predict(self, *args, **kw):
-        return 1.0
 
 
 def test_batch_what_if_solves_shapes_of_a_third_batch(dlrm_captures):
@@ -46,7 +28,7 @@ def test_batch_what_if_solves_shapes_of_a_third_batch(dlrm_captures):
     assert checked >= 2 * len(SPEC.table_rows)
 
 
-def test_fuse_embedding_bags(dlrm_captures):
+def test_fuse_embedding_bags(dlrm_captures, flat):
     graph, info = dlrm_captures[8]
     fused, shapes, scalars = fuse_embedding_bags(graph, info["shapes"], info["scalars"])
     fwd, bwd = fused.by_name(EMB_FWD), fused.by_name(EMB_BWD)
@@ -54,7 +36,7 @@ def test_fuse_embedding_bags(dlrm_captures):
     T, E = len(SPEC.table_rows), sum(SPEC.table_rows)
     assert shapes[fwd[0].id][0] == [E, SPEC.embedding_dim]
     assert math.prod(shapes[fwd[0].id][2]) == T * 8  # one bag per (table, sample)
-    extra = RecsysOps(_Flat(), _Flat())
+    extra = RecsysOps(flat, flat)
     cls = classify_graph(fused, shapes, scalars, extra)
     assert cls[bwd[0].id][2][:2] == (T * 8, E)
     assert len(fused.top_level()) < len(graph.top_level())

@@ -240,8 +240,9 @@ def _record(device: str, rows) -> None:
 
     from pipeline.cli.common import local_slug, warehouse
 
-    if device != local_slug(None):
-        print(f"devchar: note: measured on this machine ({local_slug(None)}), not on {device}: "
+    here = local_slug(None)  # identifies this machine: probes it, so once
+    if device != here:
+        print(f"devchar: note: measured on this machine ({here}), not on {device}: "
               "not recorded in shape_advice", file=sys.stderr)
         return
     run_id = time.strftime("advise-%Y%m%dT%H%M%S", time.gmtime())

@@ -22,10 +22,13 @@ import numpy as np
 import pandas as pd
 
 from assets.common import data_hash, device_check, image_md, metadata_table, rounded, row_count, save_plot
+from pipeline.analysis import drift as drift_
 from pipeline.analysis.plots import predicted_vs_measured
 from pipeline.analysis.quality import Gates
 from pipeline.orchestration.partitions import devices
 from pipeline.predict.evaluate import error_table
+from pipeline.core.config import devchar_home
+from pipeline.core.errors import DevcharError
 from pipeline.predict.store import new_version
 from resources.devices import DeviceRunner
 from resources.model_store import ModelStore
@@ -94,6 +97,38 @@ def heldout_check_result(errors: pd.DataFrame, overall: pd.Series, passed: bool,
                   "max_mean_allowed": gates.max_heldout_mean_err})
 
 
+# --- drift between two calibrations of a device (pipeline/analysis/drift.py) ----------------
+
+def drift_check_spec(name: str) -> dg.AssetCheckSpec:
+    return device_check("drift", name, description=(
+        "did the device change since its previous calibration? per (op, dtype), the median new/old "
+        "time over the points both runs measured and the share of points moved beyond their own "
+        "p20-p80 spread; warns over $DEVCHAR_MAX_DRIFT_RATIO (default 0.2) with "
+        "$DEVCHAR_MAX_DRIFT_MOVED_SHARE (default 0.5) of the points moved (quality_gates)"))
+
+
+def previous_rows(warehouse: DuckDBWarehouse, table: str, device: str) -> Optional[pd.DataFrame]:
+    try:
+        return warehouse.device_rows(table, device)
+    except DevcharError:  # a first calibration: no table, or no rows for this device yet
+        return None
+
+
+def drift_rows(drift: pd.DataFrame, device: str, run_id: str) -> pd.DataFrame:
+    return drift.assign(device=device, run_id=run_id[:12])
+
+
+def drift_result(drift: Optional[pd.DataFrame]) -> dg.AssetCheckResult:
+    if drift is None:
+        return dg.AssetCheckResult(check_name="drift", passed=True, severity=dg.AssetCheckSeverity.WARN,
+                                   metadata={"previous": "none: the first calibration of this device"})
+    return dg.AssetCheckResult(
+        check_name="drift", passed=not drift["flagged"].any(), severity=dg.AssetCheckSeverity.WARN,
+        metadata={"flagged": drift_.summary(drift), "groups_compared": len(drift),
+                  "points_compared": int(drift["points"].sum()),
+                  "previous_run_id": ",".join(sorted(set(drift["previous_run_id"]))) or "none"})
+
+
 # --- sample tables --------------------------------------------------------------------------
 
 def sample_asset(*, sweep: str, checks: Checks = timing_checks(),
@@ -103,19 +138,38 @@ def sample_asset(*, sweep: str, checks: Checks = timing_checks(),
     DuckDB table), described by its docstring: the asset runs `sweep` (a pipeline.runner.SWEEPS
     entry) where the partition's device is, replaces that device's rows of the table, and
     reports `rows`, what `report` returns (a summary, plots, also saved under plots/) and
-    `dagster/row_count`, with `checks` on the rows (default: timings finite and not noisy)."""
+    `dagster/row_count`, with `checks` on the rows (default: timings finite and not noisy).
+    A table with drift keys (drift.DRIFT_KEYS) is also compared with the rows it replaces:
+    the `drift` table, metadata and check."""
     def build(report: Callable[[pd.DataFrame, str], dict]) -> dg.AssetsDefinition:
         name = report.__name__
+        tracks_drift = name in drift_.DRIFT_KEYS
+        specs = checks.specs(name) + ([drift_check_spec(name)] if tracks_drift else [])
 
         @dg.asset(name=name, description=inspect.getdoc(report), partitions_def=devices, group_name=CHARACTERIZE,
-                  kinds=set(kinds), deps=list(deps), check_specs=checks.specs(name))
+                  kinds=set(kinds), deps=list(deps), check_specs=specs)
         def _sample(context: dg.AssetExecutionContext, device_runner: DeviceRunner,
                     warehouse: DuckDBWarehouse, quality_gates: QualityGates) -> dg.MaterializeResult:
-            device = context.partition_key
+            device, gates = context.partition_key, quality_gates.gates()
             df = device_runner.run(context, sweep, device)
-            written = warehouse.replace_partition(name, device, df)
-            return dg.MaterializeResult(metadata={"rows": len(df), **report(df, device), **row_count(written)},
-                                        check_results=checks.results(df, quality_gates.gates()))
+            results = checks.results(df, gates)
+            if not tracks_drift:
+                written = warehouse.replace_partition(name, device, df)
+                return dg.MaterializeResult(metadata={"rows": len(df), **report(df, device), **row_count(written)},
+                                            check_results=results)
+            previous = previous_rows(warehouse, name, device)
+            drift = None if previous is None else drift_.table_drift(previous, df, name, gates)
+            parts = [(name, device, df)]
+            if drift is not None and not drift.empty:  # the sample rows and their drift land together
+                parts.append(("drift", device, drift_rows(drift, device, context.run.run_id), "source"))
+            warehouse.replace_partitions(parts)
+            if previous is not None:  # for the model fitted next: its error on these replaced points
+                drift_.keep_previous(devchar_home(), device, name, previous)
+            extra = {} if drift is None else {"drift": metadata_table(drift.drop(columns=[
+                "kind", "source", "error_previous_heldout", "error_new_heldout"]), pct=["moved_share"])}
+            return dg.MaterializeResult(
+                metadata={"rows": len(df), **report(df, device), **extra, **row_count(len(df))},
+                check_results=[*results, drift_result(drift)])
 
         return _sample
 
@@ -179,6 +233,24 @@ def fit_and_register(context, warehouse, tracking, store, spec: FittedModel, gat
                 "heldout_max_rel_err": rounded(overall["max_rel_err"]),
                 "heldout_errors": metadata_table(errors),  # per (op, dtype); relative errors in %
                 "predicted_vs_measured": image_md(png, "Held-out shapes: predicted vs measured")}
+    metadata.update(model_drift(context, warehouse, spec, model, errors, gates))
     if spec.table_iv is not None:  # of the version just saved, even if it fails its check
         metadata["table_iv"] = metadata_table(spec.table_iv(store.load(device, name, version), held))
     return dg.MaterializeResult(metadata=metadata, check_results=[heldout_check_result(errors, overall, passed, gates)])
+
+
+def model_drift(context, warehouse, spec: FittedModel, model, errors: pd.DataFrame, gates: Gates) -> dict:
+    """After a re-calibration: the new model's error on the held-out points of the run its
+    samples replaced, beside its own, into the `drift` table and the asset's metadata."""
+    device = context.partition_key
+    previous = drift_.load_previous(devchar_home(), device, spec.samples)
+    if previous is None or not previous["held_out"].astype(bool).any():
+        return {}
+    held = previous[previous["held_out"].astype(bool)]
+    on_previous = error_table(spec.predict(model, held), ["op", "dtype"])
+    drift = drift_.model_drift(spec.name, on_previous, errors, drift_.run_id_of(previous), gates)
+    warehouse.replace_partition("drift", device, drift_rows(drift, device, context.run.run_id), scope="source")
+    return {"error_on_previous_heldout": metadata_table(
+                drift[["op", "dtype", "points", "error_previous_heldout", "error_new_heldout", "flagged"]],
+                pct=["error_previous_heldout", "error_new_heldout"]),
+            "drift_flagged": drift_.summary(drift)}

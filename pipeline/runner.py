@@ -58,6 +58,20 @@ def fix_threads(dev) -> None:
         torch.set_num_threads(dev.threads)
 
 
+def with_threads(dev, threads: int):
+    from dataclasses import replace
+
+    from pipeline.core.errors import DevcharError
+
+    if not threads:
+        return dev
+    if dev.kind != "cpu" or not 0 < threads <= (dev.threads or 0):
+        raise DevcharError(f"--threads {threads}: a CPU can be measured with 1 to its {dev.threads} threads; "
+                           f"{dev.slug} is a {dev.kind} device" if dev.kind == "cpu" else
+                           f"--threads {threads}: only a CPU takes a thread count; {dev.slug} is a {dev.kind} device")
+    return replace(dev, threads=threads)
+
+
 def warn_if_busy(dev, log=None) -> None:
     """CPU timings need the cores to ourselves: a thread that waits for a core stalls each
     parallel region by a scheduler tick (~4-8 ms), steadily, so the noise flag misses it."""
@@ -77,7 +91,10 @@ def run_sweep(sweep: str, device: str = "auto", profile: str = "quick", run_id: 
 
 
 def run_sweep_tables(sweep: str, device: str = "auto", profile: str = "quick", run_id: str | None = None,
-                     log=None, out_dir: str | Path | None = None) -> dict[str, list[dict]]:
+                     log=None, out_dir: str | Path | None = None, threads: int = 0) -> dict[str, list[dict]]:
+    """`threads` > 0: a CPU measured with fewer threads than it has (the slug, its partition,
+    stays the same; device_spec records the count used): a calibration under a changed
+    setting, as the drift check sees it."""
     from pipeline.device.discover import identify, resolve
     from pipeline.core.errors import DevcharError
     from pipeline.sweeps.profiles import get_profile
@@ -86,6 +103,7 @@ def run_sweep_tables(sweep: str, device: str = "auto", profile: str = "quick", r
         raise DevcharError(f"unknown sweep {sweep!r}; expected one of {sorted(SWEEPS)}")
     dev = identify(device) if device in ("auto", "cpu", "cuda") else resolve(device)
     prof = get_profile(profile, dev.kind)
+    dev = with_threads(dev, threads)
     fix_threads(dev)
     warn_if_busy(dev, log)
     run_id = run_id or uuid.uuid4().hex[:12]
@@ -131,6 +149,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--profile", default=os.environ.get("DEVCHAR_PROFILE", "quick"))
     ap.add_argument("--out", default="runner-out", help="directory for the output files")
     ap.add_argument("--run-id", default=None)
+    ap.add_argument("--threads", type=int, default=0,
+                    help="a CPU measured with this many threads (default 0: all it has); the slug stays")
     args = ap.parse_args(argv)
     # torch's C++ warnings (the execution-trace observer announces itself on every capture)
     # would bury the progress lines; errors still print. Set before torch is imported.
@@ -146,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
             for name in names:
                 t0 = time.perf_counter()
                 for table, rows in run_sweep_tables(name, args.device, args.profile, args.run_id, log,
-                                                      args.out).items():
+                                                      args.out, args.threads).items():
                     path = write_rows(rows, Path(args.out), table)
                     print(f"{name}: {len(rows)} {table} rows -> {path} in {time.perf_counter() - t0:.1f}s",
                           file=sys.stderr, flush=True)

@@ -90,7 +90,8 @@ def reference_file(device: str, table: str) -> Path | None:
 
 class DeviceRunner(dg.ConfigurableResource):
     # the variables that feed these fields where set (resources/env.py)
-    ENV: ClassVar[dict[str, str]] = {"profile": "DEVCHAR_PROFILE", "train_device": "DEVCHAR_TRAIN_DEVICE"}
+    ENV: ClassVar[dict[str, str]] = {"profile": "DEVCHAR_PROFILE", "train_device": "DEVCHAR_TRAIN_DEVICE",
+                                     "threads": "DEVCHAR_THREADS"}
 
     profile: str = "quick"  # sweep size: tiny (tests), quick or full (pipeline/sweeps/profiles.py)
     # A fresh process per sweep: each starts from the same allocator and cache state (a long
@@ -104,6 +105,9 @@ class DeviceRunner(dg.ConfigurableResource):
     # where fits that train on a device (the OpenCL prompt models) run; empty: the GPU when
     # torch sees one, else the CPU
     train_device: str = ""
+    # > 0: measure a CPU with this many of its threads, under the same slug (a changed setting
+    # that a re-calibration's drift check should see); 0: every thread the slug names
+    threads: int = 0
     k8s: K8sSettings = K8sSettings()  # mode "k8s": image, node selector and limits per device
 
     def run(self, context: dg.AssetExecutionContext, sweep: str, device: str) -> pd.DataFrame:
@@ -130,13 +134,14 @@ class DeviceRunner(dg.ConfigurableResource):
             return self._run_subprocess(context, sweep, device)
         from pipeline.runner import run_sweep_tables
 
-        tables = run_sweep_tables(sweep, device, self.profile, context.run.run_id[:12], log=context.log.info)
+        tables = run_sweep_tables(sweep, device, self.profile, context.run.run_id[:12], log=context.log.info,
+                                  threads=self.threads)
         return {t: pd.DataFrame(rows) for t, rows in tables.items()}
 
     def _run_subprocess(self, context: dg.AssetExecutionContext, sweep: str, device: str) -> dict[str, pd.DataFrame]:
         with tempfile.TemporaryDirectory(prefix="devchar-runner-") as out:
             cmd = [sys.executable, "-m", "pipeline.runner", sweep, "--device", device, "--profile",
-                   self.profile, "--out", out, "--run-id", context.run.run_id[:12]]
+                   self.profile, "--out", out, "--run-id", context.run.run_id[:12], "--threads", str(self.threads)]
             invocation = dg.PipesSubprocessClient(cwd=str(REPO_ROOT)).run(command=cmd, context=context)
             return read_results(list(invocation.get_custom_messages()), Path(out), sweep)
 

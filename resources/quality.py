@@ -19,7 +19,9 @@ class QualityGates(dg.ConfigurableResource):
     ENV: ClassVar[dict[str, str]] = {"max_heldout_err": "DEVCHAR_MAX_HELDOUT_ERR",
                                      "max_heldout_mean_err": "DEVCHAR_MAX_HELDOUT_MEAN_ERR",
                                      "max_noisy_share": "DEVCHAR_MAX_NOISY_SHARE",
-                                     "max_opencl_val_mape": "DEVCHAR_MAX_OPENCL_VAL_MAPE"}
+                                     "max_opencl_val_mape": "DEVCHAR_MAX_OPENCL_VAL_MAPE",
+                                     "max_drift_ratio": "DEVCHAR_MAX_DRIFT_RATIO",
+                                     "max_drift_moved_share": "DEVCHAR_MAX_DRIFT_MOVED_SHARE"}
 
     # median held-out relative error of any (op, dtype) above which a model is blocked
     max_heldout_err: str = str(_DEFAULT.max_heldout_err)
@@ -29,6 +31,10 @@ class QualityGates(dg.ConfigurableResource):
     max_noisy_share: str = str(_DEFAULT.max_noisy_share)
     # validation MAPE (a fraction) above which an OpenCL model fails validation_mape
     max_opencl_val_mape: str = str(_DEFAULT.max_opencl_val_mape)
+    # drift between two calibrations: the median shift of an (op, dtype), and the share of its
+    # points moved beyond their own spread, that together flag it (pipeline/analysis/drift.py)
+    max_drift_ratio: str = str(_DEFAULT.max_drift_ratio)
+    max_drift_moved_share: str = str(_DEFAULT.max_drift_moved_share)
 
     _numbers = field_validator("*", mode="before")(as_text)
 

@@ -20,7 +20,8 @@ from resources.env import as_text, number
 
 TABLES = ("devices", "gemm_samples", "utility_samples", "attention_samples", "embedding_samples", "memory_samples",
           "overhead_samples", "workload_graphs", "opencl_launches", "workload_runs", "predictions", "model_errors",
-          "reference_timings", "gemm_config_samples", "gemm_config_choices", "shape_advice")
+          "reference_timings", "gemm_config_samples", "gemm_config_choices", "shape_advice",
+          "drift")
 
 
 # Columns that one kind of device leaves NULL (a CPU has no CUDA version, no tf32 peak):

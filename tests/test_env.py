@@ -10,6 +10,7 @@ import dagster as dg
 import pandas as pd
 import pytest
 
+from pipeline.cli.launch import LaunchedRun
 from pipeline.core.config import REPO_ROOT
 from pipeline.core.errors import DevcharError
 from resources.devices import DeviceRunner
@@ -89,10 +90,10 @@ def test_devchar_run_profile_is_run_config_not_the_environment(devchar_home, mon
     monkeypatch.setattr("pipeline.device.discover.identify", lambda kind: argparse.Namespace(slug="cpu-test-2c"))
     monkeypatch.setattr(cli, "summary", lambda slug: "")
     monkeypatch.setattr(cli, "_report_run", lambda result, slug: 0)
-    got, execute = {}, dg.JobDefinition.execute_in_process
-    monkeypatch.setattr(dg.JobDefinition, "execute_in_process", lambda self, **kw: got.update(kw, job=self))
+    got = {}
+    monkeypatch.setattr("pipeline.cli.launch.launch", lambda instance, job, **kw: got.update(
+        kw, job=defs.resolve_job_def(job)) or LaunchedRun("r", True))
     assert cli.main(["run", "--profile", "full"]) == 0
-    monkeypatch.setattr(dg.JobDefinition, "execute_in_process", execute)
     assert "DEVCHAR_PROFILE" not in os.environ
     assert got["run_config"]["resources"]["device_runner"]["config"] == {"profile": "full"}
     processed = dg.validate_run_config(got["job"], got["run_config"])
@@ -112,7 +113,7 @@ def test_devchar_run_without_profile_says_the_configured_one(devchar_home, monke
     monkeypatch.setattr(cli, "summary", lambda slug: "")
     monkeypatch.setattr(cli, "_report_run", lambda result, slug: 0)
     got = {}
-    monkeypatch.setattr(dg.JobDefinition, "execute_in_process", lambda self, **kw: got.update(kw))
+    monkeypatch.setattr("pipeline.cli.launch.launch", lambda instance, job, **kw: got.update(kw) or LaunchedRun("r", True))
     assert cli.main(["run"]) == 0
     assert "resources" not in got["run_config"]  # the code location's binding of DEVCHAR_PROFILE decides
     assert "profile tiny" in capsys.readouterr().out
@@ -153,3 +154,18 @@ def test_the_engine_reads_no_resource_setting_from_the_environment():
               for p in (REPO_ROOT / "pipeline" / pkg).rglob("*.py")]
     read = {str(p.relative_to(REPO_ROOT)): _environment_reads(p) & knobs for p in engine}
     assert not {p: names for p, names in read.items() if names}
+
+
+def test_devchar_run_threads_is_run_config_and_valid_for_the_job(devchar_home, monkeypatch):
+    import pipeline.cli.main as cli
+    from pipeline.definitions import defs
+
+    monkeypatch.setattr("pipeline.device.discover.identify", lambda kind: argparse.Namespace(slug="cpu-test-2c"))
+    monkeypatch.setattr(cli, "summary", lambda slug: "")
+    monkeypatch.setattr(cli, "_report_run", lambda result, slug: 0)
+    got = {}
+    monkeypatch.setattr("pipeline.cli.launch.launch", lambda instance, job, **kw: got.update(kw) or LaunchedRun("r", True))
+    assert cli.main(["run", "--threads", "1"]) == 0
+    assert got["run_config"]["resources"]["device_runner"]["config"] == {"threads": 1}
+    processed = dg.validate_run_config(defs.resolve_job_def("characterize_device"), got["run_config"])
+    assert processed["resources"]["device_runner"]["config"]["threads"] == 1

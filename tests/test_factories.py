@@ -7,6 +7,7 @@ import pandas as pd
 import pytest
 
 import assets
+from pipeline.core.errors import DevcharError
 from assets.factories import FittedModel, model_asset, sample_asset, timing_checks
 
 DEVICE = "cpu-test"
@@ -43,7 +44,12 @@ class StubWarehouse:
         self.written[table, device] = rows
         return len(rows)
 
+    def replace_partitions(self, parts: list[tuple]) -> int:
+        return sum(self.replace_partition(*part) for part in parts)
+
     def device_rows(self, table: str, device: str, where: str = "", params=None) -> pd.DataFrame:
+        if self.rows is None:
+            raise DevcharError(f"table {table!r} has no rows for device {device!r}")
         return self.rows
 
 
@@ -96,7 +102,7 @@ def test_a_sample_asset_with_a_bad_timing_fails_its_blocking_check():
     rows = pd.DataFrame({"device": DEVICE, "median_us": [1.0, 0.0], "cv": [0.01, 0.01]})
     result = _materialize(memory_samples, device_runner=StubRunner(rows), warehouse=StubWarehouse())
     assert not result.success
-    assert _checks(result) == {"finite_positive": False, "sweep_noise": True}
+    assert _checks(result) == {"finite_positive": False, "sweep_noise": True, "drift": True}
 
 
 class ScaleModel:

@@ -1,8 +1,10 @@
 """The device-side runner: CLI, output files, and the Dagster Pipes subprocess path."""
 import dagster as dg
 import pandas as pd
+import pytest
 
 from pipeline import runner
+from pipeline.core.errors import DevcharError
 from pipeline.device.discover import identify
 
 
@@ -85,3 +87,13 @@ def test_all_means_the_sweeps_that_apply(monkeypatch):
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "pyopencl" else real(name, *a))
     assert "opencl" not in runner.all_sweeps("cuda")  # a bare GPU node has no pyopencl
+
+
+def test_a_thread_count_the_cpu_does_not_have_is_one_clear_error(cpu):
+    from pipeline.runner import with_threads
+
+    assert with_threads(cpu, 1).threads == 1 and with_threads(cpu, 1).slug == cpu.slug
+    assert with_threads(cpu, 0) is cpu
+    for bad in (-1, (cpu.threads or 1) + 1):
+        with pytest.raises(DevcharError, match=f"--threads {bad}: a CPU can be measured with 1 to"):
+            with_threads(cpu, bad)

@@ -20,3 +20,8 @@ class Gates:
     # Validation MAPE (a fraction) above which an OpenCL model fails its check; the paper's
     # best is 0.24 on 400K launches, a quick CPU sweep has a few hundred.
     max_opencl_val_mape: float = 1.0
+    # Drift between two calibrations of one device (pipeline/analysis/drift.py): an (op, dtype)
+    # whose median time moved by more than this fraction, with at least max_drift_moved_share
+    # of its points moved beyond their own measured spread, is flagged.
+    max_drift_ratio: float = 0.2
+    max_drift_moved_share: float = 0.5

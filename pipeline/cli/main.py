@@ -35,9 +35,17 @@ def cmd_run(args) -> int:
     run_config = run_config_for(args, reference=selection is not None)
     print(f"devchar: characterizing {slug} ({source}; profile {run_profile(run_config)}); "
           f"state in {devchar_home()}", flush=True)
-    result = defs.resolve_job_def("characterize_device").execute_in_process(
-        partition_key=slug, instance=instance, raise_on_error=False, run_config=run_config,
-        asset_selection=selection)
+    if args.in_process:
+        result = defs.resolve_job_def("characterize_device").execute_in_process(
+            partition_key=slug, instance=instance, raise_on_error=False, run_config=run_config,
+            asset_selection=selection)
+    else:
+        from pipeline.cli.launch import launch
+
+        result = launch(instance, "characterize_device", partition_key=slug, run_config=run_config,
+                        asset_selection=selection)
+        print(f"devchar: run {result.run_id} of code location {result.location}: "
+              "in the UI's Runs, re-executable from there", flush=True)
     if selection is not None:
         _load_reference_only_tables(slug)
     print(summary(slug))
@@ -48,7 +56,8 @@ def run_config_for(args, reference: bool) -> dict:
     """The run config of `devchar run`: the console's log level, and the device_runner's
     settings that the command line gives (--profile; a reference calibration for --device
     <slug>) over what the code location configures (DEVCHAR_PROFILE, resources/env.py)."""
-    runner = {**({"profile": args.profile} if args.profile else {}), **({"source": "reference"} if reference else {})}
+    runner = {**({"profile": args.profile} if args.profile else {}), **({"source": "reference"} if reference else {}),
+              **({"threads": args.threads} if getattr(args, "threads", 0) else {})}
     run_config = {"loggers": {"console": {"config": {"log_level": args.log_level}}}}
     if runner:
         run_config["resources"] = {"device_runner": {"config": runner}}
@@ -273,6 +282,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "calibration under models_store/reference/ (fit and predict from it, measure nothing)")
     r.add_argument("--profile", default=None, help="tiny, quick (default) or full")
     r.add_argument("--log-level", default="INFO", help="Dagster console log level (DEBUG shows every event)")
+    r.add_argument("--threads", type=int, default=0,
+                   help="measure this CPU with fewer of its threads, under the same device slug: a changed "
+                        "setting whose re-calibration the drift check flags (default: all of them)")
+    r.add_argument("--in-process", action="store_true",
+                   help="run the steps in this process (for a debugger) instead of launching the run through "
+                        "the code location; such a run is not listed under the UI's Jobs")
     r.set_defaults(fn=cmd_run)
     p = sub.add_parser("predict", help="predict a GPT-2-family forward pass with a device's saved models")
     p.add_argument("--device", required=True, help="device slug (see `devchar sql 'select name from devices'`)")

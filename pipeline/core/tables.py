@@ -112,6 +112,10 @@ CONTRACT: dict[str, Table] = {
          "predicted_at_depth": "float", "verdict": "str", "speedup_equal_params": "float", "source": "str",
          "note": "str", "dtype": "str", "batch": "int", "seq": "int"},
         {"predicted_speedup": ">0", "measured_speedup": ">0?"}),
+    "drift": Table(
+        {"kind": "str", "source": "str", "op": "str", "dtype": "str", "points": "int", "flagged": "bool", **KEY},
+        {"median_ratio": "float", "moved_share": "float", "error_previous_heldout": "float",
+         "error_new_heldout": "float", "previous_run_id": "str"}),
 }
 
 

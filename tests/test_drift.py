@@ -5,7 +5,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from pipeline.analysis.drift import DRIFT_KEYS, is_drift, model_drift, summary, table_drift
+from pipeline.analysis.drift import ALL, DRIFT_KEYS, device_changed, is_drift, model_drift, summary, table_drift
 from pipeline.analysis.quality import Gates
 
 DEVICE = "cpu-test-2c"
@@ -22,7 +22,8 @@ def memory_rows(scale: float = 1.0, spread: float = 0.02, run_id: str = "aaaaaaa
 
 def test_an_unchanged_rerun_within_its_spread_is_not_drift():
     got = table_drift(memory_rows(), memory_rows(scale=1.01, run_id="bbbbbbbbbbbb"), "memory_samples")
-    (row,) = got.itertuples()
+    (row, pooled) = got.itertuples()
+    assert pooled.op == pooled.dtype == ALL and pooled.points == 12 and not device_changed(got)
     assert row.points == 12 and row.moved_share == 0.0 and not row.flagged
     assert row.median_ratio == pytest.approx(1.01) and row.previous_run_id == "aaaaaaaaaaaa"
     assert summary(got) == "none"
@@ -30,9 +31,21 @@ def test_an_unchanged_rerun_within_its_spread_is_not_drift():
 
 def test_twice_as_slow_everywhere_is_drift():
     got = table_drift(memory_rows(), memory_rows(scale=2.0), "memory_samples")
-    (row,) = got.itertuples()
+    (row, _) = got.itertuples()
     assert row.median_ratio == pytest.approx(2.0) and row.moved_share == 1.0 and row.flagged
-    assert "copy float32: x2.00, 100% of 12 points moved" in summary(got)
+    assert device_changed(got)
+    assert summary(got, pooled=False) == "copy float32: x2.00, 100% of 12 points moved"
+    assert summary(got, pooled=True) == "all all: x2.00, 100% of 12 points moved"
+
+
+def test_one_op_moving_alone_is_flagged_in_the_table_but_is_not_a_changed_device():
+    prev = pd.concat([memory_rows(), memory_rows().assign(op="transpose")])
+    new = pd.concat([memory_rows(), memory_rows(scale=1.4).assign(op="transpose")])
+    new = pd.concat([new, memory_rows().assign(op="concat")])
+    prev = pd.concat([prev, memory_rows().assign(op="concat")])
+    got = table_drift(prev, new, "memory_samples")
+    assert got.set_index("op")["flagged"].to_dict() == {"concat": False, "copy": False, "transpose": True, ALL: False}
+    assert not device_changed(got)
 
 
 def test_a_shift_needs_both_a_large_median_and_most_points_moved():
@@ -45,7 +58,7 @@ def test_a_shift_needs_both_a_large_median_and_most_points_moved():
 def test_only_points_both_runs_measured_are_compared():
     new = memory_rows(scale=2.0)
     new.loc[new.index[:4], "m"] += 1000  # shapes the previous run never measured
-    (row,) = table_drift(memory_rows(), new, "memory_samples").itertuples()
+    (row, _) = table_drift(memory_rows(), new, "memory_samples").itertuples()
     assert row.points == 8
 
 
@@ -100,8 +113,8 @@ def test_the_sample_asset_records_drift_per_recalibration(devchar_home):
         assert same.passed and same.metadata["points_compared"].value == 12
         result, slower = materialize(memory_rows(scale=2.0))
         assert result.success and not slower.passed and slower.severity == dg.AssetCheckSeverity.WARN
-        assert "x1.98" in slower.metadata["flagged"].value  # against the re-run before it
+        assert "all all: x1.98" in slower.metadata["flagged"].value  # against the re-run before it
     drift = DuckDBWarehouse().device_rows("drift", DEVICE)
-    assert len(drift) == 1 and bool(drift["flagged"].iloc[0])  # the latest comparison replaced the earlier
+    assert len(drift) == 2 and drift["flagged"].all()  # the latest comparison replaced the earlier
     assert len(DuckDBWarehouse().device_rows("memory_samples", DEVICE)) == 12
     assert (devchar_home / "drift" / DEVICE / "memory_samples.previous.parquet").exists()

@@ -76,3 +76,16 @@ def test_the_verdict_of_a_launched_run_names_its_blocking_check(toy_location, ca
     assert cli._report_run(got, "cpu-toy-2c") == 1
     err = capsys.readouterr().err
     assert "failed at ['model']" in err and "blocking check model.heldout_error failed: worst_median 0.5" in err, err
+
+
+def test_devchar_run_and_the_ui_name_the_same_code_location():
+    """The UI (`make ui`: dagster dev -w workspace.yaml) matches runs to its code location by
+    name: the location `devchar run` launches from must be the one workspace.yaml serves."""
+    from dagster._core.workspace.load_target import ModuleTarget, WorkspaceFileTarget
+
+    from pipeline.cli.launch import CODE_LOCATION_MODULE
+    from pipeline.core.config import REPO_ROOT
+
+    (served,) = WorkspaceFileTarget([str(REPO_ROOT / "workspace.yaml")]).create_origins()
+    (ours,) = ModuleTarget(CODE_LOCATION_MODULE, None, str(REPO_ROOT), None).create_origins()
+    assert served.location_name == ours.location_name == "pipeline.definitions"

@@ -14,6 +14,13 @@ compared point by point:
 A group is flagged when its median moved by more than `max_drift_ratio` AND at least
 `max_drift_moved_share` of its points moved: one noisy point, or a whole group shifting
 within its noise, is not drift. The thresholds are quality gates (resources/quality.py).
+
+The same rule over all of a table's points (the row with op and dtype "all") says whether
+the *device* changed: clocks, threads, a driver or a BLAS update move most of what a sweep
+measures. Seen on a 2-thread VM: between two unchanged runs minutes apart, single ops
+(transpose, silu) moved by 25-40% beyond their within-run spread while the rest stayed
+within 2%: process state (where the allocator placed the buffers), not the device. Those
+groups stay flagged in the table; the check warns on the pooled row.
 """
 from __future__ import annotations
 
@@ -34,6 +41,7 @@ DRIFT_KEYS: dict[str, tuple[str, list[str]]] = {
     "memory_samples": ("op", ["op", "dtype", "batch", "m", "n", "k", "shape"]),
 }
 
+ALL = "all"  # op and dtype of the row that pools every point of a table
 COLUMNS = ["kind", "source", "op", "dtype", "points", "median_ratio", "moved_share", "error_previous_heldout",
            "error_new_heldout", "flagged", "previous_run_id"]
 
@@ -55,14 +63,21 @@ def table_drift(previous: pd.DataFrame, new: pd.DataFrame, table: str, gates: Ga
         return pd.DataFrame(columns=COLUMNS)
     both = both.assign(ratio=both["median_us"] / both["median_us_prev"],
                        moved=(both["p20_us"] > both["p80_us_prev"]) | (both["p80_us"] < both["p20_us_prev"]))
+    groups = [((str(op), str(dtype)), g) for (op, dtype), g in both.groupby([op_col, "dtype"], sort=True)]
     out = []
-    for (op, dtype), g in both.groupby([op_col, "dtype"], sort=True):
+    for (op, dtype), g in [*groups, ((ALL, ALL), both)]:
         ratio, moved = float(np.median(g["ratio"])), float(g["moved"].mean())
-        out.append(dict(kind="samples", source=table, op=str(op), dtype=str(dtype), points=len(g),
+        out.append(dict(kind="samples", source=table, op=op, dtype=dtype, points=len(g),
                         median_ratio=ratio, moved_share=moved, error_previous_heldout=np.nan,
                         error_new_heldout=np.nan, flagged=is_drift(ratio, moved, gates),
                         previous_run_id=run_id_of(previous)))
     return pd.DataFrame(out, columns=COLUMNS)
+
+
+def device_changed(drift: pd.DataFrame) -> bool:
+    """The pooled row's verdict: did the table as a whole move (not one op on its own)?"""
+    pooled = drift[(drift["kind"] == "samples") & (drift["op"] == ALL) & (drift["dtype"] == ALL)]
+    return bool(pooled["flagged"].any())
 
 
 def is_drift(median_ratio: float, moved_share: float, gates: Gates) -> bool:
@@ -88,9 +103,12 @@ def model_drift(model: str, on_previous: pd.DataFrame, on_new: pd.DataFrame, pre
     return pd.DataFrame(out, columns=COLUMNS)
 
 
-def summary(drift: pd.DataFrame) -> str:
-    """'none' or the flagged groups, worded for a check's metadata."""
+def summary(drift: pd.DataFrame, pooled: bool | None = None) -> str:
+    """'none' or the flagged groups, worded for a check's metadata; `pooled` True: only the
+    table-wide row, False: only the per-(op, dtype) rows, None: both."""
     flagged = drift[drift["flagged"].astype(bool)]
+    if pooled is not None:
+        flagged = flagged[(flagged["op"] == ALL) == pooled]
     if flagged.empty:
         return "none"
     parts = []

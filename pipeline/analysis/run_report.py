@@ -100,7 +100,7 @@ def explain_failure(checks: list[FailedCheck], steps: list[FailedStep], noisy: d
         kind = "blocking check" if c.blocking else "check (warning)"
         detail = ", ".join(f"{k} {v}" for k, v in c.metadata.items() if k in (
             "over_threshold", "worst_median", "overall_mean", "max_median_allowed", "max_mean_allowed",
-            "bad_rows", "noisy_share", "validation_mape"))
+            "bad_rows", "noisy_share", "validation_mape", "flagged", "ops_moved_alone"))
         lines.append(f"  {kind} {c.asset}.{c.check} failed: {detail or 'see its metadata in the UI'}")
     for s in steps:
         lines.append(f"  step {s.step} failed: {s.message.strip().splitlines()[0][:300] if s.message else '?'}")

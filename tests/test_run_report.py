@@ -59,3 +59,13 @@ def test_table_ii_section_comes_from_the_fits_when_evaluation_did_not_run(devcha
     text = _fitted_errors("cpu-test-2c")
     assert "gemm_model (FAILED its check)" in text and "62.0%" in text
     assert "no model was fitted" in _fitted_errors("cpu-other-2c")
+
+
+def test_a_drift_warning_is_one_line_with_its_figures():
+    from pipeline.analysis.run_report import FailedCheck, describe_checks
+
+    said = describe_checks([FailedCheck("gemm_samples", "drift", False,
+                                        {"flagged": "all all: x1.66, 90% of 276 points moved",
+                                         "ops_moved_alone": "bmm float32: x1.58", "groups_compared": 6})])
+    assert said == ("  check (warning) gemm_samples.drift failed: flagged all all: x1.66, 90% of 276 points moved, "
+                    "ops_moved_alone bmm float32: x1.58")

@@ -92,16 +92,24 @@ def noisy_shares(warehouse, device: str) -> dict[str, tuple[float, float]]:
     return out
 
 
-def explain_failure(checks: list[FailedCheck], steps: list[FailedStep], noisy: dict[str, tuple[float, float]],
-                    threads: int | None, gates: Gates = Gates()) -> str:
-    """`gates`: the thresholds the run's checks applied (the quality_gates resource)."""
+DETAIL_KEYS = ("over_threshold", "worst_median", "overall_mean", "max_median_allowed", "max_mean_allowed",
+               "bad_rows", "noisy_share", "val_mape", "max_allowed", "flagged", "ops_moved_alone")
+
+
+def describe_checks(checks: list[FailedCheck]) -> str:
+    """One line per failed check: blocking or a warning, and the metadata that says why."""
     lines = []
     for c in checks:
         kind = "blocking check" if c.blocking else "check (warning)"
-        detail = ", ".join(f"{k} {v}" for k, v in c.metadata.items() if k in (
-            "over_threshold", "worst_median", "overall_mean", "max_median_allowed", "max_mean_allowed",
-            "bad_rows", "noisy_share", "validation_mape", "flagged", "ops_moved_alone"))
+        detail = ", ".join(f"{k} {v}" for k, v in c.metadata.items() if k in DETAIL_KEYS)
         lines.append(f"  {kind} {c.asset}.{c.check} failed: {detail or 'see its metadata in the UI'}")
+    return "\n".join(lines)
+
+
+def explain_failure(checks: list[FailedCheck], steps: list[FailedStep], noisy: dict[str, tuple[float, float]],
+                    threads: int | None, gates: Gates = Gates()) -> str:
+    """`gates`: the thresholds the run's checks applied (the quality_gates resource)."""
+    lines = [describe_checks(checks)] if checks else []
     for s in steps:
         lines.append(f"  step {s.step} failed: {s.message.strip().splitlines()[0][:300] if s.message else '?'}")
     if noisy:

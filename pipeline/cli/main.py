@@ -76,7 +76,8 @@ def run_profile(run_config: dict) -> str:
 def _report_run(result, slug: str) -> int:
     """cmd_run's verdict on a finished run: 0, 130 for an interrupted one (told as such, not as
     the steps the interrupt stopped), 1 for a failure, explained (pipeline/analysis/run_report.py)."""
-    from pipeline.analysis.run_report import device_threads, explain_failure, failures, interrupted_steps, noisy_shares
+    from pipeline.analysis.run_report import (describe_checks, device_threads, explain_failure, failures,
+                                              interrupted_steps, noisy_shares)
     from resources.env import resolved
     from resources.quality import QualityGates
 
@@ -94,6 +95,9 @@ def _report_run(result, slug: str) -> int:
         print(explain_failure(checks, steps, noisy_shares(wh, slug), device_threads(wh, slug),
                               resolved(QualityGates).gates()), file=sys.stderr)
         return 1
+    if checks:  # the run succeeded; its warnings (drift, sweep noise) are still worth a line each
+        print(f"devchar: run {result.run_id} succeeded with {len(checks)} check warning(s):")
+        print(describe_checks(checks))
     return 0
 
 

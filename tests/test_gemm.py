@@ -1,4 +1,5 @@
 """The PM2Lat interpolation and wave arithmetic against hand-computed values."""
+import json
 import numpy as np
 import pandas as pd
 import pytest
@@ -186,3 +187,35 @@ def test_probe_survives_a_slow_spell(monkeypatch):
         return base * (1.5 if len(calls) <= 6 else 1.0)  # N = 2 ... 12 of the first pass are slow
 
     assert tile_probe.probe_tile(time_us) == (1, 16)
+
+
+def test_the_aspect_grid_corrects_skinny_shapes_and_leaves_square_ones(synthetic_gemm_model):
+    """A made-up CPU where shapes with M = 1 run twice as slow as the table's near-square
+    ones: the fitted correction doubles them, leaves M = N alone, and saves and loads back."""
+    table = synthetic_gemm_model.table("mm", "float32")
+    sides = [1, 4, 16, 64]
+    shapes = pd.DataFrame([dict(m=m, n=n, k=64, batch=1) for m in sides for n in sides])
+    base = table.predict_us(shapes["m"], shapes["n"], shapes["k"], shapes["batch"])
+    rows = shapes.assign(median_us=base * np.where(shapes["m"] == 1, 2.0, 1.0))
+    fixed = table.with_aspect(rows)
+    got = fixed.predict_us(np.array([1, 16]), np.array([64, 16]), np.array([64, 64]), np.array([1, 1]))
+    want = table.predict_us(np.array([1, 16]), np.array([64, 16]), np.array([64, 64]), np.array([1, 1]))
+    assert got == pytest.approx(want * [2.0, 1.0])
+    again = GemmTable.from_dict(json.loads(json.dumps(fixed.to_dict())))
+    assert again.predict_us(np.array([1]), np.array([64]), np.array([64]), np.array([1])) == pytest.approx(got[:1])
+    assert "aspect_log" not in table.to_dict()  # a table without one saves as before
+
+
+def test_aspect_rows_fit_the_correction_not_the_whole_wave_table(synthetic_gemm_model):
+    table = synthetic_gemm_model.table("mm", "float32")
+    waves_rows = pd.DataFrame([dict(op="mm", dtype="float32", kernel="cpu", tile_m=8, tile_n=8, slots=2, batch=1,
+                                    m=m, n=n, k=k, waves=w, median_us=(1 + k / 32) * w**0.8, held_out=False,
+                                    grid="waves")
+                               for w, (m, n) in ((1, (8, 16)), (4, (16, 32)), (16, (32, 64)))
+                               for k in (32, 64, 128, 256)])
+    # two cells of one output size: 32 x 32 runs as the table says, 1 x 1024 far slower
+    square = waves_rows.iloc[:1].assign(m=32, n=32, median_us=float(table.predict_us(32, 32, 32, 1)), grid="aspect")
+    skinny = waves_rows.iloc[:1].assign(m=1, n=1024, waves=16, median_us=1e6, grid="aspect")
+    fitted = GemmModel.fit(pd.concat([waves_rows, square, skinny], ignore_index=True)).table("mm", "float32")
+    assert np.array_equal(fitted.thr, table.thr)  # the aspect row did not enter the table
+    assert fitted.aspect_factor(1, 1024) > 10 and fitted.aspect_factor(32, 32) == pytest.approx(1.0)

@@ -9,7 +9,7 @@ Prediction is vectorized numpy: no torch, no per-shape Python loop.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pandas as pd
@@ -35,6 +35,24 @@ class GemmTable(DataclassJSON):
     ks: np.ndarray  # (K,) K values measured, ascending
     thr: np.ndarray  # (W, K) padded FLOPs per microsecond
     split_k: int = 1  # blocks per output tile (a cuBLASLt configuration's split-K); waves count blocks
+    # CPU: log(measured / table-predicted time) over M (rows) x N (columns) in powers of 4, the
+    # aspect grid's median over its K values; None where no aspect grid was measured (GPUs)
+    aspect_m: np.ndarray | None = None
+    aspect_n: np.ndarray | None = None
+    aspect_log: np.ndarray | None = None
+
+    def __post_init__(self):
+        for name in ("aspect_m", "aspect_n", "aspect_log"):  # JSON gives lists back
+            value = getattr(self, name)
+            if value is not None:
+                setattr(self, name, np.asarray(value, float))
+
+    def to_dict(self) -> dict:
+        d = super().to_dict()
+        if self.aspect_log is None:  # a table without the correction saves as it always did
+            for name in ("aspect_m", "aspect_n", "aspect_log"):
+                d.pop(name)
+        return d
 
     def throughput(self, w: np.ndarray, k: np.ndarray) -> np.ndarray:
         """Bilinear: linear in K between the bracketing measured K (eq. 2), linear in log2(waves)."""
@@ -50,7 +68,52 @@ class GemmTable(DataclassJSON):
         w = np.maximum(count_waves(m, n, batch, self.tile_m, self.tile_n, self.slots, self.split_k), self.waves[0])
         kk = np.maximum(np.asarray(k, dtype=float), self.ks[0])
         padded_flops = (2.0 * self.slots * self.tile_m * self.tile_n / self.split_k) * w * kk
-        return padded_flops / self.throughput(w, kk)
+        return padded_flops / self.throughput(w, kk) * self.aspect_factor(m, n)
+
+    def aspect_factor(self, m, n) -> np.ndarray | float:
+        """How much slower (> 1) or faster a shape runs than the near-square one of the same
+        output size the whole-wave table holds: bilinear in (log2 M, log2 N) over the aspect
+        grid, held at its edges; 1 without one."""
+        if self.aspect_log is None:
+            return 1.0
+        im, fm, im1 = grid_position(np.log2(self.aspect_m), np.log2(np.asarray(m, float)))
+        jn, fn, jn1 = grid_position(np.log2(self.aspect_n), np.log2(np.asarray(n, float)))
+        g = self.aspect_log
+        lo = g[im, jn] * (1 - fn) + g[im, jn1] * fn
+        hi = g[im1, jn] * (1 - fn) + g[im1, jn1] * fn
+        return np.exp(lo * (1 - fm) + hi * fm)
+
+    def with_aspect(self, rows: pd.DataFrame) -> "GemmTable":
+        """This table with its aspect correction fitted on `rows` (the aspect grid of its kernel):
+        per (M, N), the median over K of log(measured / what the table alone predicts), taken
+        relative to the most square cell of the same output size. Cells the grid's FLOP cap
+        skipped are large, near-square-sized outputs: factor 1 there."""
+        base = self.predict_us(rows["m"].to_numpy(), rows["n"].to_numpy(), rows["k"].to_numpy(),
+                               rows["batch"].to_numpy())
+        ratio = rows.assign(log_ratio=np.log(rows["median_us"].to_numpy(float) / base))
+        grid = ratio.pivot_table(index="m", columns="n", values="log_ratio", aggfunc="median")
+        grid = grid.sort_index().sort_index(axis=1)
+        return replace(self, aspect_m=grid.index.to_numpy(float), aspect_n=grid.columns.to_numpy(float),
+                       aspect_log=np.nan_to_num(relative_to_square(grid, self.tile_m, self.tile_n), nan=0.0))
+
+
+def relative_to_square(grid: pd.DataFrame, tile_m: int = 1, tile_n: int = 1) -> np.ndarray:
+    """Each cell of a (M x N) log-ratio grid minus its anti-diagonal's most square cells in
+    tiles (the same output size M*N, |log(M/tile_m) - log(N/tile_n)| smallest: the shapes the
+    whole-wave table measured, near-square in tiles, so 1:16 in elements for a 1 x 16 tile).
+    The correction is then the aspect's effect alone, 0 where the table was measured, and
+    what the table already gets wrong at that output size (alignment, K) is not counted twice."""
+    logm, logn = np.log2(grid.index.to_numpy(float)), np.log2(grid.columns.to_numpy(float))
+    vals = grid.to_numpy(float)
+    size = np.round(logm[:, None] + logn[None, :], 6)
+    skew = np.round(np.abs((logm[:, None] - np.log2(tile_m)) - (logn[None, :] - np.log2(tile_n))), 6)
+    out = np.full_like(vals, np.nan)
+    for s in np.unique(size):
+        on = (size == s) & ~np.isnan(vals)
+        if on.any():
+            square = on & (skew == skew[on].min())
+            out[size == s] = vals[size == s] - vals[square].mean()
+    return out
 
 
 def fill_capped(thr: np.ndarray, ks: np.ndarray) -> np.ndarray:
@@ -114,6 +177,8 @@ class GemmModel:
         every point, so its own rows say nothing about which one the device would pick."""
         if bool(samples["held_out"].any()):
             raise ValueError("GemmModel.fit got held-out rows; fit on training rows only")
+        on_aspect = (samples["grid"] == "aspect").to_numpy() if "grid" in samples else np.zeros(len(samples), bool)
+        aspect, samples = samples[on_aspect], samples[~on_aspect]
         tables = {}
         for (op, dtype, kernel), g in samples.groupby(["op", "dtype", "kernel"]):
             tm, tn = (int(g[c].mode().iloc[0]) for c in ("tile_m", "tile_n"))
@@ -123,9 +188,10 @@ class GemmModel:
             grid = g.pivot_table(index="waves", columns="k", values="thr", aggfunc="median").sort_index()
             grid = grid.sort_index(axis=1)
             ks = grid.columns.to_numpy(float)
-            tables[(op, dtype, str(kernel))] = GemmTable(op, dtype, str(kernel), tm, tn, slots,
-                                                         grid.index.to_numpy(float), ks,
-                                                         fill_capped(grid.to_numpy(float), ks), split_k)
+            table = GemmTable(op, dtype, str(kernel), tm, tn, slots, grid.index.to_numpy(float), ks,
+                              fill_capped(grid.to_numpy(float), ks), split_k)
+            mine = aspect[(aspect["op"] == op) & (aspect["dtype"] == dtype) & (aspect["kernel"] == kernel)]
+            tables[(op, dtype, str(kernel))] = table.with_aspect(mine) if len(mine) else table
         return GemmModel(tables, KernelSelector.fit(selector_labels(samples, choices, tables)))
 
     def check(self, op: str, dtype: str) -> None:

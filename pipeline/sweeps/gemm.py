@@ -38,6 +38,7 @@ class GemmPoint:
     n: int
     k: int
     held_out: bool
+    grid: str = "waves"  # "waves" (PM2Lat's whole-wave grid), "aspect" (CPU: off its diagonal), "heldout"
 
 
 def slots_for(dev: DeviceIdentity) -> int:
@@ -64,6 +65,26 @@ def training_points(dev: DeviceIdentity, profile: Profile,
     return pts
 
 
+# One matrix per call: a batched GEMM spreads its batch over the cores, so a skinny matrix
+# in a batch of 32 does not run like a skinny matrix alone; bmm keeps the whole-wave table.
+ASPECT_OPS = ("mm", "linear")
+
+
+def aspect_points(dev: DeviceIdentity, profile: Profile) -> list[GemmPoint]:
+    """CPU: M and N over powers of 4 at the profile's aspect K values, within its caps.
+
+    The whole-wave grid lays out near-square M x N, so a skinny or wide shape (a batch-1 LM
+    head: 128 x 50257) is priced with the throughput of a square one of the same output size;
+    a BLAS packs its operands per panel, and with few rows (or columns) the packing is spread
+    over little work. These points measure that, per (op, dtype), instead of assuming it."""
+    if dev.kind != "cpu" or not profile.gemm_aspect_k:
+        return []
+    sides = [4 ** i for i in range(int(math.log(profile.gemm_aspect_max, 4)) + 1)]
+    return [GemmPoint(op, dtype, 1, m, n, k, False, "aspect") for dtype in dtypes_for(dev.kind) for op in ASPECT_OPS
+            for k in profile.gemm_aspect_k for m in sides for n in sides
+            if m * n <= profile.max_gemm_outputs and 2 * m * n * k <= profile.max_point_flops]
+
+
 def random_shapes(op: str, profile: Profile, n: int, rng: np.random.Generator) -> list[tuple[int, int, int, int]]:
     """n log-uniform (batch, M, N, K) in PM2Lat's evaluation ranges (scaled by the profile)."""
 
@@ -83,7 +104,7 @@ def random_shapes(op: str, profile: Profile, n: int, rng: np.random.Generator) -
 def heldout_points(dev: DeviceIdentity, profile: Profile, seed: int = 0) -> list[GemmPoint]:
     """Random shapes per (op, dtype), never used for fitting."""
     rng = np.random.default_rng(seed)
-    return [GemmPoint(op, dtype, b, m, nn, k, True) for dtype in dtypes_for(dev.kind) for op in GEMM_OPS
+    return [GemmPoint(op, dtype, b, m, nn, k, True, "heldout") for dtype in dtypes_for(dev.kind) for op in GEMM_OPS
             for b, m, nn, k in random_shapes(op, profile, profile.heldout_per_op, rng)]
 
 
@@ -156,7 +177,7 @@ def set_tf32(dtype: str) -> None:
 
 def sweep_gemm(dev: DeviceIdentity, profile: Profile, log=None) -> list[dict]:
     tiles = cpu_tiles(dev, profile, log) if dev.kind == "cpu" else {}
-    pts = training_points(dev, profile, tiles) + heldout_points(dev, profile)
+    pts = training_points(dev, profile, tiles) + aspect_points(dev, profile) + heldout_points(dev, profile)
     slots = slots_for(dev)
 
     def make(p: GemmPoint):
@@ -175,7 +196,7 @@ def sweep_gemm(dev: DeviceIdentity, profile: Profile, log=None) -> list[dict]:
             "op": p.op, "dtype": p.dtype, "layout": LAYOUT[p.op], "batch": p.batch, "m": p.m, "n": p.n, "k": p.k,
             "kernel": kernel, "tile_m": tm, "tile_n": tn, "split_k": 1 if dev.kind == "cpu" else None, "slots": slots,
             "blocks": int(blocks(p.m, p.n, p.batch, tm, tn)), "waves": int(waves(p.m, p.n, p.batch, tm, tn, slots)),
-            "flops": 2 * p.batch * p.m * p.n * p.k, "held_out": p.held_out,
+            "flops": 2 * p.batch * p.m * p.n * p.k, "held_out": p.held_out, "grid": p.grid,
             **meas.row(profile.gemm_timing.cv_threshold),
         })
         prog.step(f"{p.op} {p.dtype} b={p.batch} {p.m}x{p.n}x{p.k}")

@@ -38,6 +38,11 @@ class Profile:
     attention_max_batch: int = 4
     attention_batch_step: int = 2
     attention_max_point_flops: float = 1e8  # larger (batch, seq) points are skipped and filled at fit time
+    # CPU only: K values of the aspect grid (M and N over powers of 4, off the whole-wave
+    # diagonal), from which the GEMM model learns how skinny or wide shapes run against the
+    # near-square ones at the same output size (predict/gemm.py, AspectCorrection)
+    gemm_aspect_k: tuple[int, ...] = ()
+    gemm_aspect_max: int = 16384  # the largest M or N of the aspect grid
     attention_heldout: int = 12  # random shapes per (backend, dtype), never used for fitting
     attention_timing: TimingSpec = TimingSpec(warmup_s=0.005, budget_s=0.02, min_reps=3, max_reps=50, min_block_s=2e-4)
     # opencl_launches (LLMPerf II): generated kernels x {simple, memory} argument plans x work-group
@@ -80,6 +85,7 @@ _CPU_TIMING = TimingSpec(warmup_s=0.01, budget_s=0.04, min_reps=5, max_reps=100,
 PROFILES = {
     "tiny": Profile(
         name="tiny", k_values=(4, 32, 128, 512), wave_step=4, max_gemm_outputs=1 << 12, max_point_flops=1e12,
+        gemm_aspect_k=(32,), gemm_aspect_max=256,
         heldout_per_op=4, heldout_max_mn=256, heldout_max_k=512, heldout_max_bmm=64, utility_max_elems=1 << 16,
         utility_heldout_per_op=2, gemm_timing=TimingSpec(warmup_s=0.0, budget_s=0.005, min_reps=3, max_reps=20),
         utility_timing=TimingSpec(warmup_s=0.0, budget_s=0.005, min_reps=3, max_reps=20),
@@ -97,7 +103,7 @@ PROFILES = {
     "quick": Profile(
         name="quick", k_values=CPU_K, wave_step=4, max_gemm_outputs=1 << 25, max_point_flops=4e9,
         heldout_per_op=40, heldout_max_mn=2048, heldout_max_k=2048, heldout_max_bmm=512, utility_max_elems=1 << 22,
-        utility_heldout_per_op=12, gemm_timing=_CPU_TIMING, utility_timing=_CPU_TIMING,
+        utility_heldout_per_op=12, gemm_timing=_CPU_TIMING, utility_timing=_CPU_TIMING, gemm_aspect_k=(256, 1024), gemm_aspect_max=65536,
         workload_configs="quick", workload_batches=(1, 4, 8), workload_seqs=(128,),
         attention_max_seq=256, attention_max_batch=4, attention_max_point_flops=1e8, attention_heldout=12,
     ),
@@ -106,7 +112,7 @@ PROFILES = {
         name="full", k_values=POW2_K, wave_step=2, max_gemm_outputs=1 << 26, max_point_flops=1e15,
         heldout_per_op=1000, heldout_max_mn=8192, heldout_max_k=2000, heldout_max_bmm=1024,
         utility_max_elems=16384 * 16384,
-        utility_heldout_per_op=200,
+        utility_heldout_per_op=200, gemm_aspect_k=(64, 256, 1024, 4096), gemm_aspect_max=65536,
         gemm_timing=TimingSpec(warmup_s=0.1, budget_s=0.5, min_reps=25, max_reps=10000, flush_l2=True),
         utility_timing=TimingSpec(warmup_s=0.05, budget_s=0.2, min_reps=25, max_reps=10000, flush_l2=True),
         workload_configs="full", workload_batches=(1, 4, 8), workload_seqs=(128, 512),

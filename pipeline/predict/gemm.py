@@ -86,15 +86,18 @@ class GemmTable(DataclassJSON):
     def with_aspect(self, rows: pd.DataFrame) -> "GemmTable":
         """This table with its aspect correction fitted on `rows` (the aspect grid of its kernel):
         per (M, N), the median over K of log(measured / what the table alone predicts), taken
-        relative to the most square cell of the same output size. Cells the grid's FLOP cap
-        skipped are large, near-square-sized outputs: factor 1 there."""
+        relative to the most square cell of the same output size."""
         base = self.predict_us(rows["m"].to_numpy(), rows["n"].to_numpy(), rows["k"].to_numpy(),
                                rows["batch"].to_numpy())
         ratio = rows.assign(log_ratio=np.log(rows["median_us"].to_numpy(float) / base))
         grid = ratio.pivot_table(index="m", columns="n", values="log_ratio", aggfunc="median")
         grid = grid.sort_index().sort_index(axis=1)
+        rel = pd.DataFrame(relative_to_square(grid, self.tile_m, self.tile_n))
+        # a cell the FLOP cap skipped holds its row's nearest measured N (the rows' effect
+        # is what varies most: few rows spread the packing of B over little work)
+        rel = rel.ffill(axis=1).bfill(axis=1).fillna(0.0)
         return replace(self, aspect_m=grid.index.to_numpy(float), aspect_n=grid.columns.to_numpy(float),
-                       aspect_log=np.nan_to_num(relative_to_square(grid, self.tile_m, self.tile_n), nan=0.0))
+                       aspect_log=rel.to_numpy(float))
 
 
 def relative_to_square(grid: pd.DataFrame, tile_m: int = 1, tile_n: int = 1) -> np.ndarray:

@@ -3,7 +3,7 @@
 import pandas as pd
 
 import dagster as dg
-from assets.common import image_md, md_table, row_count, save_plot
+from assets.common import image_md, md_table, metadata_table, row_count, save_plot
 from assets.evaluation import model_evaluation
 from assets.graph_predictions import dlrm_predictions, graph_predictions, table_v_metadata
 from assets.models import gemm_model, utility_model
@@ -72,8 +72,14 @@ def accuracy_report(context: dg.AssetExecutionContext, warehouse: DuckDBWarehous
     per_layer = errors.pivot_table(index=["layer_type", "dtype"], columns="model", values="mean_rel_err")
     pred = warehouse.device_rows("predictions", device)
     per_workload = pred[["workload", "config", "batch", "seq", "predictor", "predicted_ms", "measured_ms", "rel_err"]]
+    # one panel per workload and predictor: every run of the device, predicted against measured
+    panels = {f"{w} {p}": (g["measured_ms"].to_numpy(), g["predicted_ms"].to_numpy())
+              for (w, p), g in pred.groupby(["workload", "predictor"])}
+    png = predicted_vs_measured(panels, unit="ms")
+    save_plot(png, device, "accuracy_predicted_vs_measured")
     return dg.MaterializeResult(metadata={
-        "table_ii_per_layer": md_table(per_layer.reset_index()),
-        "table_iv_per_workload": md_table(per_workload),
+        "table_ii_per_layer": metadata_table(per_layer.reset_index(), pct=list(per_layer.columns)),
+        "table_iv_per_workload": metadata_table(per_workload),
+        "predicted_vs_measured": image_md(png, "Every workload run: predicted vs measured step (ms)"),
         "mean_abs_rel_err_by_predictor": dg.MetadataValue.json(
             {f"{w}/{p}": float(g["rel_err"].abs().mean()) for (w, p), g in pred.groupby(["workload", "predictor"])})})

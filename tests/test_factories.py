@@ -185,3 +185,31 @@ def test_a_model_asset_fits_scores_saves_and_checks(devchar_home, tmp_path, held
     # registered as that store version, champion only if it passed
     assert [(r["store_version"], r["passed"]) for r in tracking.registered] == [(version, passes)]
     assert seen == [(2.0, 4)]  # Table IV of the version just saved, on the held-out rows
+
+
+class TablesWarehouse:
+    """device_rows from a dict of frames by table name."""
+
+    def __init__(self, frames: dict):
+        self.frames = frames
+
+    def device_rows(self, table: str, device: str, where: str = "", params=None) -> pd.DataFrame:
+        return self.frames[table]
+
+
+def test_accuracy_report_shows_its_tables_as_dagster_tables_and_a_plot(devchar_home):
+    from assets.predictions import accuracy_report
+
+    errors = pd.DataFrame({"model": ["devchar", "roofline"], "layer_type": "MM", "dtype": "float32",
+                           "mean_rel_err": [0.2, 0.6]})
+    pred = pd.DataFrame({"workload": "gpt2", "config": "gpt2-1l-128", "batch": [1, 4], "seq": 128,
+                         "predictor": "e2e_shared", "predicted_ms": [20.0, 90.0], "measured_ms": [22.0, 95.0]})
+    pred["rel_err"] = pred["predicted_ms"] / pred["measured_ms"] - 1
+    result = _materialize(accuracy_report, warehouse=TablesWarehouse({"model_errors": errors, "predictions": pred}))
+    meta = _metadata(result)
+    table_ii = meta["table_ii_per_layer"]
+    assert isinstance(table_ii, dg.TableMetadataValue)
+    assert table_ii.records[0].data["devchar %"] == 20.0  # errors as percentages
+    assert isinstance(meta["table_iv_per_workload"], dg.TableMetadataValue)
+    assert "data:image/png;base64," in meta["predicted_vs_measured"].value
+    assert (devchar_home / "plots" / DEVICE / "accuracy_predicted_vs_measured.png").exists()

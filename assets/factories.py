@@ -50,29 +50,18 @@ class Checks:
 
 
 def timing_check_specs(name: str) -> list[dg.AssetCheckSpec]:
-    return [
-        device_check("finite_positive", name, blocking=True,
-                     description="every timing is finite and > 0"),
-        device_check("sweep_noise", name,
-                     description="share of rows still noisy after a re-measure <= max_noisy_share "
-                                 "(quality_gates; $DEVCHAR_MAX_NOISY_SHARE, default 0.25)"),
-    ]
+    return [device_check("finite_positive", name, blocking=True, description="every timing is finite and > 0")]
 
 
 def timing_check_results(df: pd.DataFrame, gates: Gates, time_col: str) -> list[dg.AssetCheckResult]:
     t = df[time_col].to_numpy(float)
     bad = int((~np.isfinite(t) | (t <= 0)).sum())
-    noisy = float((df["cv"] > 0.1).mean()) if "noisy" not in df else float(df["noisy"].mean())
-    return [
-        dg.AssetCheckResult(check_name="finite_positive", passed=bad == 0, metadata={"bad_rows": bad}),
-        dg.AssetCheckResult(check_name="sweep_noise", passed=noisy <= gates.max_noisy_share,
-                            severity=dg.AssetCheckSeverity.WARN,
-                            metadata={"noisy_share": rounded(noisy), "max_noisy_share": gates.max_noisy_share}),
-    ]
+    return [dg.AssetCheckResult(check_name="finite_positive", passed=bad == 0, metadata={"bad_rows": bad})]
 
 
 def timing_checks(time_col: str = "median_us") -> Checks:
-    """finite_positive (blocking) and sweep_noise (a warning) on the timing column `time_col`."""
+    """finite_positive (blocking) on the timing column `time_col`. How noisy the sweeps were is
+    told once per device run, by sweep_quality's sweep_noise check (assets/samples.py)."""
     return Checks(timing_check_specs, partial(timing_check_results, time_col=time_col))
 
 

@@ -10,15 +10,19 @@ Sweeps that fill two tables are multi-assets of their own: overhead_samples and
 workload_graphs (assets/overheads.py), gemm_config_samples and gemm_config_choices
 (assets/gemm_configs.py).
 """
+import os
+
 import pandas as pd
 
 import dagster as dg
-from assets.common import image_md, md_table, row_count, save_plot
+from assets.common import device_check, image_md, md_table, metadata_table, rounded, row_count, save_plot
 from assets.factories import CHARACTERIZE, sample_asset, timing_checks
 from assets.opencl import LAUNCH_CHECKS, launch_report
 from pipeline.analysis.plots import attention_throughput_vs_seq, latency_vs_bytes, throughput_vs_k
+from pipeline.analysis.run_report import noisy_shares
 from pipeline.orchestration.partitions import devices
 from resources.devices import DeviceRunner
+from resources.quality import QualityGates
 from resources.warehouse import DuckDBWarehouse
 
 
@@ -99,3 +103,30 @@ def workload_runs(df: pd.DataFrame, device: str) -> dict:
 def opencl_launches(df: pd.DataFrame, device: str) -> dict:
     """One row per OpenCL launch: kernel source, arguments, gsize/lsize, status and timings."""
     return launch_report(df)
+
+
+@dg.asset(partitions_def=devices, group_name=CHARACTERIZE, kinds={"duckdb"},
+          deps=[gemm_samples, utility_samples, attention_samples, embedding_samples, memory_samples, workload_runs],
+          check_specs=[device_check(
+              "sweep_noise", "sweep_quality",
+              description="share of each sample table's rows still noisy after one re-measure <= "
+                          "max_noisy_share (quality_gates; $DEVCHAR_MAX_NOISY_SHARE, default 0.25): one "
+                          "verdict per device run, naming the tables over it")])
+def sweep_quality(context: dg.AssetExecutionContext, warehouse: DuckDBWarehouse,
+                  quality_gates: QualityGates) -> dg.MaterializeResult:
+    """How noisy this device's sweeps were, once per run: per sample table the share of rows
+    still noisy after one re-measure and the share that stalled waiting for a core, and the
+    load average when the sweeps finished. On a shared machine this is one warning a run, not
+    one per table."""
+    device, gates = context.partition_key, quality_gates.gates()
+    shares = noisy_shares(warehouse, device)
+    table = pd.DataFrame([{"table": t, "noisy_share": n, "stalled_share": st} for t, (n, st) in shares.items()])
+    over = [f"{t} {n:.0%}" for t, (n, _) in shares.items() if n > gates.max_noisy_share]
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    return dg.MaterializeResult(
+        metadata={"noise": metadata_table(table, pct=["noisy_share", "stalled_share"]),
+                  "load_average_1m": rounded(load)},
+        check_results=[dg.AssetCheckResult(
+            check_name="sweep_noise", passed=not over, severity=dg.AssetCheckSeverity.WARN,
+            metadata={"noisy_share": "; ".join(over) or "none over the gate",
+                      "max_noisy_share": gates.max_noisy_share, "load_average_1m": rounded(load)})])

@@ -68,16 +68,19 @@ class _CannedRunner(DeviceRunner):
 
 
 @pytest.mark.parametrize("max_noisy_share, passed", [("0.2", False), ("0.3", True)])
-def test_a_sample_check_applies_the_quality_gates_resource(devchar_home, max_noisy_share, passed):
-    from assets.samples import workload_runs
+def test_the_sweep_noise_check_applies_the_quality_gates_resource(devchar_home, max_noisy_share, passed):
+    """One verdict per device run (sweep_quality), from the tables the run wrote: here
+    workload_runs, one of its four rows noisy (cv > 0.1)."""
+    from assets.samples import sweep_quality, workload_runs
 
     instance = dg.DagsterInstance.ephemeral()
     instance.add_dynamic_partitions("devices", ["cpu-test-2c"])
-    result = dg.materialize([workload_runs], partition_key="cpu-test-2c", instance=instance,
+    result = dg.materialize([workload_runs, sweep_quality], partition_key="cpu-test-2c", instance=instance,
                             resources={"device_runner": _CannedRunner(), "warehouse": DuckDBWarehouse(),
                                        "quality_gates": QualityGates(max_noisy_share=max_noisy_share)})
-    noise = next(c for c in result.get_asset_check_evaluations() if c.check_name == "sweep_noise")
-    assert noise.passed is passed and noise.metadata["noisy_share"].value == 0.25
+    (noise,) = [c for c in result.get_asset_check_evaluations() if c.check_name == "sweep_noise"]
+    assert noise.passed is passed and noise.asset_key == dg.AssetKey("sweep_quality")
+    assert noise.metadata["noisy_share"].value == ("none over the gate" if passed else "workload_runs 25%")
 
 
 def test_devchar_run_profile_is_run_config_not_the_environment(devchar_home, monkeypatch):

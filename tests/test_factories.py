@@ -80,7 +80,7 @@ def test_a_sample_asset_runs_its_sweep_stores_the_rows_and_reports_them():
 
     assert workload_runs.key == dg.AssetKey("workload_runs")
     assert workload_runs.descriptions_by_key[workload_runs.key] == "The docstring is the asset's description."
-    assert {s.name for s in workload_runs.check_specs} == {"finite_positive", "sweep_noise"}
+    assert {s.name for s in workload_runs.check_specs} == {"finite_positive"}  # noise: sweep_quality
     rows = pd.DataFrame({"device": DEVICE, "measured_ms": [1.0, 2.0, 3.0], "cv": [0.01, 0.02, 0.5]})
     runner, warehouse = StubRunner(rows), StubWarehouse()
     result = _materialize(workload_runs, device_runner=runner, warehouse=warehouse)
@@ -90,7 +90,7 @@ def test_a_sample_asset_runs_its_sweep_stores_the_rows_and_reports_them():
     meta = _metadata(result)
     assert list(meta) == ["rows", "device_seen", "dagster/row_count"]
     assert meta["rows"].value == 3 and meta["dagster/row_count"].value == 3 and meta["device_seen"].text == DEVICE
-    assert _checks(result) == {"finite_positive": True, "sweep_noise": False}  # 1 of 3 rows noisy: a warning
+    assert _checks(result) == {"finite_positive": True}
 
 
 def test_a_sample_asset_with_a_bad_timing_fails_its_blocking_check():
@@ -102,7 +102,7 @@ def test_a_sample_asset_with_a_bad_timing_fails_its_blocking_check():
     rows = pd.DataFrame({"device": DEVICE, "median_us": [1.0, 0.0], "cv": [0.01, 0.01]})
     result = _materialize(memory_samples, device_runner=StubRunner(rows), warehouse=StubWarehouse())
     assert not result.success
-    assert _checks(result) == {"finite_positive": False, "sweep_noise": True, "drift": True}
+    assert _checks(result) == {"finite_positive": False, "drift": True}
 
 
 class ScaleModel:

@@ -219,3 +219,14 @@ def test_aspect_rows_fit_the_correction_not_the_whole_wave_table(synthetic_gemm_
     fitted = GemmModel.fit(pd.concat([waves_rows, square, skinny], ignore_index=True)).table("mm", "float32")
     assert np.array_equal(fitted.thr, table.thr)  # the aspect row did not enter the table
     assert fitted.aspect_factor(1, 1024) > 10 and fitted.aspect_factor(32, 32) == pytest.approx(1.0)
+
+
+def test_the_cpu_sweep_measures_each_training_shape_once_and_has_an_aspect_grid(cpu):
+    from pipeline.sweeps.gemm import ASPECT_OPS, sweep_points
+    from pipeline.sweeps.profiles import get_profile
+
+    pts = sweep_points(cpu, get_profile("quick", "cpu"), {})
+    train = [(p.op, p.dtype, p.batch, p.m, p.n, p.k) for p in pts if not p.held_out]
+    assert len(train) == len(set(train))
+    aspect = [p for p in pts if p.grid == "aspect"]
+    assert aspect and {p.op for p in aspect} == set(ASPECT_OPS) and all(p.batch == 1 for p in aspect)

@@ -94,7 +94,7 @@ def test_a_sample_assets_checks_carry_the_device_partition(devchar_home):
                                                "warehouse": PerDeviceWarehouse()})
             assert result.success
             assert {(e.check_name, e.partition) for e in result.get_asset_check_evaluations()} == {
-                ("finite_positive", d), ("sweep_noise", d), ("drift", d)}
-        for name in ("finite_positive", "sweep_noise", "drift"):
+                ("finite_positive", d), ("drift", d)}
+        for name in ("finite_positive", "drift"):
             key = dg.AssetCheckKey(memory_samples.key, name)
             assert {d: _latest(instance, key, d).partition for d in (GOOD, BAD)} == {GOOD: GOOD, BAD: BAD}

@@ -10,7 +10,9 @@ from dataclasses import dataclass, field
 from pipeline.core.errors import DevcharError
 from pipeline.analysis.quality import Gates
 
-SAMPLE_TABLES = ("gemm_samples", "utility_samples", "attention_samples", "embedding_samples", "memory_samples")
+SAMPLE_TABLES = ("gemm_samples", "utility_samples", "attention_samples", "embedding_samples", "memory_samples",
+                 "workload_runs")
+CV_NOISY = 0.1  # a table without the harness's `noisy` flag (workload_runs): noisy when its cv is above this
 
 # how Dagster words a step stopped by a blocking check (1.13: "1 blocking asset check failed
 # with ERROR severity"); such a step is reported once, as its check
@@ -85,7 +87,8 @@ def noisy_shares(warehouse, device: str) -> dict[str, tuple[float, float]]:
             continue
         cols = set(warehouse.query(f"SELECT * FROM {table} LIMIT 0").columns)  # table from a fixed list
         stalled = "avg(CAST(stalled AS DOUBLE))" if "stalled" in cols else "0.0"
-        got = warehouse.query(f"SELECT count(*) AS n, avg(CAST(noisy AS DOUBLE)) AS noisy, {stalled} AS stalled "
+        noisy = "avg(CAST(noisy AS DOUBLE))" if "noisy" in cols else f"avg(CAST(cv > {CV_NOISY} AS DOUBLE))"
+        got = warehouse.query(f"SELECT count(*) AS n, {noisy} AS noisy, {stalled} AS stalled "
                               f"FROM {table} WHERE device = ?", [device])
         if int(got["n"].iloc[0]):
             out[table] = (float(got["noisy"].iloc[0] or 0.0), float(got["stalled"].iloc[0] or 0.0))

@@ -194,6 +194,10 @@ class GemmModel:
             table = GemmTable(op, dtype, str(kernel), tm, tn, slots, grid.index.to_numpy(float), ks,
                               fill_capped(grid.to_numpy(float), ks), split_k)
             mine = aspect[(aspect["op"] == op) & (aspect["dtype"] == dtype) & (aspect["kernel"] == kernel)]
+            if len(mine):  # whole-wave rows on the aspect lattice were not measured twice: they join it
+                sides = set(mine["m"]) | set(mine["n"])
+                on_lattice = g["m"].isin(sides) & g["n"].isin(sides) & g["k"].isin(set(mine["k"])) & (g["batch"] == 1)
+                mine = pd.concat([mine, g[on_lattice].drop(columns="thr")], ignore_index=True)
             tables[(op, dtype, str(kernel))] = table.with_aspect(mine) if len(mine) else table
         return GemmModel(tables, KernelSelector.fit(selector_labels(samples, choices, tables)))
 

@@ -175,9 +175,20 @@ def set_tf32(dtype: str) -> None:
         torch.backends.cuda.matmul.allow_tf32 = dtype == "tf32"
 
 
+def sweep_points(dev: DeviceIdentity, profile: Profile,
+                 tiles: dict[tuple[str, str], tuple[int, int]] | None = None) -> list[GemmPoint]:
+    """Every point of the sweep: the whole-wave grid, the aspect grid (CPU), the held-out shapes.
+    A shape is measured once: an aspect point the whole-wave grid already holds is left to it
+    (the fit reads such rows into the aspect grid too, predict/gemm.py)."""
+    train = training_points(dev, profile, tiles)
+    have = {(p.op, p.dtype, p.batch, p.m, p.n, p.k) for p in train}
+    aspect = [p for p in aspect_points(dev, profile) if (p.op, p.dtype, p.batch, p.m, p.n, p.k) not in have]
+    return train + aspect + heldout_points(dev, profile)
+
+
 def sweep_gemm(dev: DeviceIdentity, profile: Profile, log=None) -> list[dict]:
     tiles = cpu_tiles(dev, profile, log) if dev.kind == "cpu" else {}
-    pts = training_points(dev, profile, tiles) + aspect_points(dev, profile) + heldout_points(dev, profile)
+    pts = sweep_points(dev, profile, tiles)
     slots = slots_for(dev)
 
     def make(p: GemmPoint):

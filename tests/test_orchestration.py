@@ -45,4 +45,4 @@ def test_recalibration_job_covers_samples_and_models_only():
                     "memory_samples", "overhead_samples", "workload_graphs", "opencl_launches", "workload_runs",
                     "gemm_model", "utility_model", "attention_model", "embedding_model", "memory_model",
                     "overhead_model", "opencl_models", "mlp_baselines", "gemm_config_samples", "gemm_config_choices",
-                    "gemm_config_model"}  # no predictions, no evaluation
+                    "gemm_config_model", "sweep_quality"}  # no predictions, no evaluation

@@ -115,7 +115,8 @@ def drift_result(drift: Optional[pd.DataFrame]) -> dg.AssetCheckResult:
     return dg.AssetCheckResult(
         check_name="drift", passed=not drift_.device_changed(drift), severity=dg.AssetCheckSeverity.WARN,
         metadata={"flagged": drift_.summary(drift, pooled=True),
-                  "ops_moved_alone": drift_.summary(drift, pooled=False), "groups_compared": int((drift["op"] != drift_.ALL).sum()),
+                  "ops_moved_alone": drift_.summary(drift, pooled=False),
+                  "groups_compared": int((drift["op"] != drift_.ALL).sum()),
                   "points_compared": int(drift.loc[drift["op"] == drift_.ALL, "points"].sum()),
                   "previous_run_id": ",".join(sorted(set(drift["previous_run_id"]))) or "none"})
 
@@ -129,7 +130,7 @@ def sample_asset(*, sweep: str, checks: Checks = timing_checks(),
     DuckDB table), described by its docstring: the asset runs `sweep` (a pipeline.runner.SWEEPS
     entry) where the partition's device is, replaces that device's rows of the table, and
     reports `rows`, what `report` returns (a summary, plots, also saved under plots/) and
-    `dagster/row_count`, with `checks` on the rows (default: timings finite and not noisy).
+    `dagster/row_count`, with `checks` on the rows (default: timings finite and positive).
     A table with drift keys (drift.DRIFT_KEYS) is also compared with the rows it replaces:
     the `drift` table, metadata and check."""
     def build(report: Callable[[pd.DataFrame, str], dict]) -> dg.AssetsDefinition:
@@ -143,12 +144,7 @@ def sample_asset(*, sweep: str, checks: Checks = timing_checks(),
                     warehouse: DuckDBWarehouse, quality_gates: QualityGates) -> dg.MaterializeResult:
             device, gates = context.partition_key, quality_gates.gates()
             df = device_runner.run(context, sweep, device)
-            results = checks.results(df, gates)
-            if not tracks_drift:
-                written = warehouse.replace_partition(name, device, df)
-                return dg.MaterializeResult(metadata={"rows": len(df), **report(df, device), **row_count(written)},
-                                            check_results=results)
-            previous = previous_rows(warehouse, name, device)
+            previous = previous_rows(warehouse, name, device) if tracks_drift else None
             drift = None if previous is None else drift_.table_drift(previous, df, name, gates)
             parts = [(name, device, df)]
             if drift is not None and not drift.empty:  # the sample rows and their drift land together
@@ -160,7 +156,7 @@ def sample_asset(*, sweep: str, checks: Checks = timing_checks(),
                 "kind", "source", "error_previous_heldout", "error_new_heldout"]), pct=["moved_share"])}
             return dg.MaterializeResult(
                 metadata={"rows": len(df), **report(df, device), **extra, **row_count(len(df))},
-                check_results=[*results, drift_result(drift)])
+                check_results=[*checks.results(df, gates), *([drift_result(drift)] if tracks_drift else [])])
 
         return _sample
 

@@ -65,10 +65,11 @@ def with_threads(dev, threads: int):
 
     if not threads:
         return dev
-    if dev.kind != "cpu" or not 0 < threads <= (dev.threads or 0):
+    if dev.kind != "cpu":
+        raise DevcharError(f"--threads {threads}: only a CPU takes a thread count; {dev.slug} is a {dev.kind} device")
+    if not 0 < threads <= (dev.threads or 0):
         raise DevcharError(f"--threads {threads}: a CPU can be measured with 1 to its {dev.threads} threads; "
-                           f"{dev.slug} is a {dev.kind} device" if dev.kind == "cpu" else
-                           f"--threads {threads}: only a CPU takes a thread count; {dev.slug} is a {dev.kind} device")
+                           f"{dev.slug} is a {dev.kind} device")
     return replace(dev, threads=threads)
 
 

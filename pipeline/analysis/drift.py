@@ -64,13 +64,13 @@ def table_drift(previous: pd.DataFrame, new: pd.DataFrame, table: str, gates: Ga
     both = both.assign(ratio=both["median_us"] / both["median_us_prev"],
                        moved=(both["p20_us"] > both["p80_us_prev"]) | (both["p80_us"] < both["p20_us_prev"]))
     groups = [((str(op), str(dtype)), g) for (op, dtype), g in both.groupby([op_col, "dtype"], sort=True)]
-    out = []
+    previous_run_id, out = run_id_of(previous), []
     for (op, dtype), g in [*groups, ((ALL, ALL), both)]:
         ratio, moved = float(np.median(g["ratio"])), float(g["moved"].mean())
         out.append(dict(kind="samples", source=table, op=op, dtype=dtype, points=len(g),
                         median_ratio=ratio, moved_share=moved, error_previous_heldout=np.nan,
                         error_new_heldout=np.nan, flagged=is_drift(ratio, moved, gates),
-                        previous_run_id=run_id_of(previous)))
+                        previous_run_id=previous_run_id))
     return pd.DataFrame(out, columns=COLUMNS)
 
 

@@ -69,3 +69,24 @@ def test_a_drift_warning_is_one_line_with_its_figures():
                                          "ops_moved_alone": "bmm float32: x1.58", "groups_compared": 6})])
     assert said == ("  check (warning) gemm_samples.drift failed: flagged all all: x1.66, 90% of 276 points moved, "
                     "ops_moved_alone bmm float32: x1.58")
+
+
+def test_summary_prints_no_empty_table_ii_when_only_baselines_were_scored(devchar_home):
+    """make run on the EPYC VM printed 'Empty DataFrame' under the Table II title when
+    gemm_model failed its check and only the OpenCL models had written model_errors."""
+    import pandas as pd
+
+    from pipeline.analysis.report import render_summary
+
+    class Warehouse:
+        def has_table(self, table):
+            return table == "model_errors"
+
+        def query(self, sql, params=None):
+            return pd.DataFrame([{"model": "opencl_lm", "layer_type": "reduce", "dtype": "-", "n": 3,
+                                  "mean_rel_err": 0.5, "max_rel_err": 0.9}])
+
+    text = render_summary(Warehouse(), "cpu-test-2c")
+    assert "Empty DataFrame" not in text
+    assert "PM2Lat Table II analog" not in text
+    assert "from each fit" in text or "no model was fitted" in text

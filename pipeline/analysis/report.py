@@ -30,10 +30,11 @@ def render_summary(warehouse, device: str) -> str:
     if e is None or not (e["model"] == "devchar").any():
         lines.append(_fitted_errors(device))  # model_evaluation did not run: what each fit measured itself
     if e is not None and not e.empty:
-        lines.append("\n-- held-out error per layer type (PM2Lat Table II analog; shapes never fitted) --")
         own = e[e["model"] == "devchar"].drop(columns="model")
-        lines.append(own.to_string(index=False, formatters={"mean_rel_err": "{:.1%}".format,
-                                                            "max_rel_err": "{:.1%}".format}))
+        if not own.empty:  # else the fits' own errors above stand in (a table of nothing says nothing)
+            lines.append("\n-- held-out error per layer type (PM2Lat Table II analog; shapes never fitted) --")
+            lines.append(own.to_string(index=False, formatters={"mean_rel_err": "{:.1%}".format,
+                                                                "max_rel_err": "{:.1%}".format}))
         if e["model"].nunique() > 1:
             lines.append("\n-- mean relative error, devchar beside the baselines --")
             pivot = e.pivot_table(index=["layer_type", "dtype"], columns="model", values="mean_rel_err")

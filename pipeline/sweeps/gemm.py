@@ -12,6 +12,7 @@ import numpy as np
 from pipeline.device.discover import DeviceIdentity
 from pipeline.core.dtypes import dtypes_for
 from pipeline.harness.dtypes import torch_dtype
+from pipeline.harness.order import interleaved
 from pipeline.harness.progress import Progress
 from pipeline.harness.stalls import remeasure_stalled
 from pipeline.harness.timer import measure
@@ -197,19 +198,20 @@ def sweep_gemm(dev: DeviceIdentity, profile: Profile, log=None) -> list[dict]:
 
     name = kernel_namer(dev, pts, make)
     prog = Progress("gemm_samples", len(pts), log)
-    rows = []
-    for p in pts:
+    rows: list[dict] = [{}] * len(pts)
+    for i in interleaved(len(pts)):  # a slow spell of a shared machine must not land on one group
+        p = pts[i]
         fn = make(p)
         kernel = name(p, fn)
         tm, tn = _tile_of(kernel, dev.kind, p.dtype, tiles.get((p.op, p.dtype)))
         meas = measure(fn, profile.gemm_timing, dev.torch_device, dev.l2_bytes or 0)
-        rows.append({
+        rows[i] = {
             "op": p.op, "dtype": p.dtype, "layout": LAYOUT[p.op], "batch": p.batch, "m": p.m, "n": p.n, "k": p.k,
             "kernel": kernel, "tile_m": tm, "tile_n": tn, "split_k": 1 if dev.kind == "cpu" else None, "slots": slots,
             "blocks": int(blocks(p.m, p.n, p.batch, tm, tn)), "waves": int(waves(p.m, p.n, p.batch, tm, tn, slots)),
             "flops": 2 * p.batch * p.m * p.n * p.k, "held_out": p.held_out, "grid": p.grid,
             **meas.row(profile.gemm_timing.cv_threshold),
-        })
+        }
         prog.step(f"{p.op} {p.dtype} b={p.batch} {p.m}x{p.n}x{p.k}")
     remeasure_stalled(rows, [lambda p=p: make(p) for p in pts], profile.gemm_timing, dev.torch_device,
                       dev.l2_bytes or 0, prog.log,

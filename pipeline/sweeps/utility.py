@@ -6,6 +6,7 @@ import numpy as np
 from pipeline.device.discover import DeviceIdentity
 from pipeline.core.dtypes import dtypes_for, element_bytes
 from pipeline.harness.dtypes import torch_dtype
+from pipeline.harness.order import interleaved
 from pipeline.harness.progress import Progress
 from pipeline.harness.stalls import remeasure_stalled
 from pipeline.harness.timer import measure
@@ -68,16 +69,17 @@ def sweep_utility(dev: DeviceIdentity, profile: Profile, log=None) -> list[dict]
     shapes = [(s, False) for s in grid_shapes(profile)] + [(s, True) for s in heldout_shapes(profile)]
     todo = [(dt, op, s, h) for dt in dtypes_for(dev.kind) if dt != "tf32" for op in UTILITY_OPS for s, h in shapes]
     prog = Progress("utility_samples", len(todo), log)
-    rows_out = []
-    for dtype, op, (rows, cols), held in todo:
+    rows_out: list[dict] = [{}] * len(todo)
+    for i in interleaved(len(todo)):  # a slow spell of a shared machine must not land on one group
+        dtype, op, (rows, cols), held = todo[i]
         fn = _utility_callable(op, dtype, rows, cols, dev.torch_device)
         meas = measure(fn, profile.utility_timing, dev.torch_device, dev.l2_bytes or 0)
         br, bw, fl = utility_traffic(op, rows, cols, element_bytes(dtype))
-        rows_out.append({
+        rows_out[i] = {
             "op": op, "dtype": dtype, "rows": rows, "cols": cols, "shape": f"{rows}x{cols}",
             "bytes_read": float(br), "bytes_written": float(bw), "flops": float(fl), "held_out": held,
             **meas.row(profile.utility_timing.cv_threshold),
-        })
+        }
         prog.step(f"{op} {dtype} {rows}x{cols}")
     makers = [lambda a=(op, dtype, r, c): _utility_callable(*a, dev.torch_device) for dtype, op, (r, c), _ in todo]
     remeasure_stalled(rows_out, makers, profile.utility_timing, dev.torch_device, dev.l2_bytes or 0, prog.log,

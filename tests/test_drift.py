@@ -5,7 +5,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from pipeline.analysis.drift import ALL, DRIFT_KEYS, device_changed, is_drift, model_drift, summary, table_drift
+from pipeline.analysis.drift import ALL, DRIFT_KEYS, KEY_DEFAULTS, device_changed, is_drift, model_drift, summary, table_drift
 from pipeline.analysis.quality import Gates
 
 DEVICE = "cpu-test-2c"
@@ -67,7 +67,18 @@ def test_every_drift_table_has_its_key_columns_in_the_contract():
 
     for table, (op_col, keys) in DRIFT_KEYS.items():
         assert op_col in keys and "dtype" in keys
-        assert set(keys) <= set(CONTRACT[table].required), table
+        optional = {k for k in keys if k in KEY_DEFAULTS and k in CONTRACT[table].optional}
+        assert set(keys) - optional <= set(CONTRACT[table].required), table
+
+
+def test_embedding_rows_from_before_cold_timings_compare_as_hot():
+    old = pd.DataFrame(dict(direction="forward", dtype="float32", B=[8, 16], E=100, T=1, L=4, D=16,
+                            median_us=[10.0, 20.0], p20_us=[9.0, 19.0], p80_us=[11.0, 21.0]))
+    new = pd.concat([old.assign(cold=False, median_us=[15.0, 30.0], p20_us=[14.0, 29.0], p80_us=[16.0, 31.0]),
+                     old.assign(cold=True, median_us=[90.0, 90.0])], ignore_index=True)
+    rows = table_drift(old, new, "embedding_samples")
+    whole = rows[rows["op"] == ALL].iloc[0]
+    assert whole.points == 2 and whole.median_ratio == 1.5  # the hot rows only, each x1.5
 
 
 def test_a_model_that_mispredicts_the_previous_points_is_flagged():

@@ -92,3 +92,67 @@ def test_embedding_bad_input_names_the_value():
         emb.predict("backward", "int4", 8, 10, 1, 1, 16)
     with pytest.raises(MissingModelError, match="forward"):
         emb.predict("forward", "float32", 8, 10, 1, 1, 16)
+
+
+def _hot_and_cold_rows(hot_gbps: float, cold_gbps: float) -> pd.DataFrame:
+    B, E, T, L, D = _embedding_shapes().T
+    plain, _ = embedding_traffic("forward", "float32", B, E, T, L, D)
+    base = pd.DataFrame(dict(direction="forward", dtype="float32", B=B, E=E, T=T, L=L, D=D, held_out=False,
+                             units=2, rows_per_block=1, l2_bytes=1 << 20, llc_bytes=32 << 20))
+    return pd.concat([base.assign(cold=False, median_us=2.0 + plain / (hot_gbps * 1e3)),
+                      base.assign(cold=True, median_us=2.0 + plain / (cold_gbps * 1e3))], ignore_index=True)
+
+
+def test_cold_rows_fit_their_own_model_and_a_graph_blends_by_what_the_cache_holds():
+    """Timed hot (the call repeated) at 40 GB/s and cold (after a flush) at 8 GB/s, the same 2 us
+    per call: the model keeps both; a lookup priced with half its graph's tables cached sits
+    halfway, with all of them cached it is the hot time, and a model saved without cold fits
+    loads as before."""
+    model = EmbeddingModel.fit(_hot_and_cold_rows(40.0, 8.0))
+    assert model.bandwidth_gbps("forward", "float32") == pytest.approx(40.0, rel=1e-6)
+    shape = (512, 100_000, 1, 100, 32)
+    hot = model.predict("forward", "float32", *shape)
+    cold = model.predict("forward", "float32", *shape, cached_share=0.0)
+    assert cold > 3 * hot and model.predict_cold("forward", "float32", *shape) == pytest.approx(cold)  # same 2 us
+    assert model.predict("forward", "float32", *shape, cached_share=0.5) == pytest.approx((hot + cold) / 2)
+    assert model.cached_share(16 << 20) == 1.0 and model.cached_share(128 << 20) == pytest.approx(0.25)
+    again = EmbeddingModel.from_dict(json.loads(json.dumps(model.to_dict())))
+    assert again.predict("forward", "float32", *shape, cached_share=0.25) == pytest.approx(
+        model.predict("forward", "float32", *shape, cached_share=0.25))
+    hot_only = EmbeddingModel.fit(_hot_and_cold_rows(40.0, 8.0).query("not cold").drop(columns="cold"))
+    assert "cold_groups" not in hot_only.to_dict() and hot_only.cached_share(1 << 30) is None
+    assert hot_only.predict("forward", "float32", *shape, cached_share=0.0) == pytest.approx(hot)
+
+
+def test_held_out_cold_rows_are_scored_against_the_cold_fit():
+    from pipeline.predict.evaluate import embedding_predictions
+
+    rows = _hot_and_cold_rows(40.0, 8.0)
+    model = EmbeddingModel.fit(rows)
+    scored = embedding_predictions(model, rows.assign(held_out=True))
+    assert scored["rel_err"].abs().max() < 1e-6
+
+
+def test_the_recsys_pricer_blends_by_the_graphs_tables():
+    from pipeline.predict.price_recsys import RecsysOps
+
+    model = EmbeddingModel.fit(_hot_and_cold_rows(40.0, 8.0))
+    ops = RecsysOps(model)
+    for _ in range(8):  # eight 100k x 32 float32 tables: 102 MB against the 32 MB cache
+        op, dims = ops.map("aten::_embedding_bag", [[100_000, 32], [51_200], [512]], None)
+    share = (32 << 20) / (8 * 100_000 * 32 * 4)
+    want = model.predict("forward", "float32", *dims, cached_share=share)
+    assert ops.predict(op, dims, "float32") == pytest.approx(want)
+    small = RecsysOps(model)
+    op, dims = small.map("aten::_embedding_bag", [[1000, 32], [512], [512]], None)
+    assert small.predict(op, dims, "float32") == pytest.approx(model.predict("forward", "float32", *dims))
+
+
+def test_a_blended_lookup_keeps_the_hot_per_call_overhead():
+    rows = _hot_and_cold_rows(40.0, 8.0)
+    rows.loc[rows["cold"], "median_us"] += 48.0  # a flush leaves the call's own state cold too: 50 us a call
+    model = EmbeddingModel.fit(rows)
+    shape = (32, 1000, 1, 1, 64)  # a one-row lookup: nearly all overhead
+    hot = model.predict("forward", "float32", *shape)
+    assert model.predict("forward", "float32", *shape, cached_share=0.0) < hot + 5.0
+    assert model.predict_cold("forward", "float32", *shape) > hot + 40.0

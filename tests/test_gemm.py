@@ -265,3 +265,43 @@ def test_the_sweep_times_points_interleaved_and_writes_them_in_order(cpu, monkey
     first_held = min(timed.index(written[i]) for i in held)
     assert first_held < len(pts) // 2  # held-out shapes are no longer one block at the end
     assert interleaved(10) == interleaved(10) and sorted(interleaved(10)) == list(range(10))
+
+
+def test_unaligned_twins_price_rows_that_end_mid_cache_line(synthetic_gemm_model):
+    """A made-up CPU where N one off a cache line costs 1.5x beyond the extra FLOPs at M <= 64
+    (and nothing at M >= 256), K one off costs nothing, and one twin was timed in a stall: the
+    fitted correction applies 1.5x to unaligned N at M = 16, leaves aligned shapes and M = 1024
+    alone, ignores the stalled cell, and saves and loads back."""
+    from pipeline.predict.gemm import is_aligned
+
+    table = synthetic_gemm_model.table("mm", "float32")
+    sides = [16, 64, 256, 1024]
+    cells = pd.DataFrame([dict(m=m, n=n, k=64, batch=1) for m in sides for n in sides])
+    base = cells.assign(median_us=table.predict_us(cells["m"], cells["n"], cells["k"], cells["batch"]))
+    cost = np.where(cells["m"] <= 64, 1.5, 1.0)
+    cost[(cells["m"] == 16) & (cells["n"] == 64)] = 1e-3  # a twin far faster than its base: a stalled base
+    twin_n = cells.assign(n=cells["n"] + 1, grid="unaligned_n",
+                          median_us=base["median_us"] * (cells["n"] + 1) / cells["n"] * cost)
+    twin_k = cells.assign(k=65, grid="unaligned_k", median_us=base["median_us"] * 65 / 64)
+    fixed = table.with_aspect(base).with_alignment(base, pd.concat([twin_n, twin_k], ignore_index=True))
+    assert fixed.alignment_factor(16, 257, 64) == pytest.approx(1.5)
+    assert fixed.alignment_factor(16, 65, 64) == pytest.approx(1.5)  # the stalled cell outvoted
+    assert fixed.alignment_factor(16, 256, 64) == pytest.approx(1.0)  # aligned: untouched
+    assert fixed.alignment_factor(1024, 257, 65) == pytest.approx(1.0)  # no cost measured there
+    again = GemmTable.from_dict(json.loads(json.dumps(fixed.to_dict())))
+    assert again.alignment_factor(16, 257, 64) == pytest.approx(1.5)
+    assert is_aligned(16, "float32") and not is_aligned(50257, "float32") and is_aligned(32, "bfloat16")
+    assert "unaligned_n_log" not in table.to_dict()
+
+
+def test_the_cpu_sweep_has_unaligned_twins_of_the_aspect_cells(cpu):
+    from pipeline.sweeps.gemm import sweep_points
+    from pipeline.sweeps.profiles import get_profile
+
+    profile = get_profile("quick", "cpu")
+    pts = sweep_points(cpu, profile, {})
+    cells = {(p.op, p.dtype, p.m, p.n, p.k) for p in pts if p.grid == "aspect" and p.k == profile.gemm_aspect_k[0]}
+    twins_n = {(p.op, p.dtype, p.m, p.n - 1, p.k) for p in pts if p.grid == "unaligned_n"}
+    twins_k = {(p.op, p.dtype, p.m, p.n, p.k - 1) for p in pts if p.grid == "unaligned_k"}
+    assert cells and cells <= twins_n and cells <= twins_k
+    assert not any(p.grid.startswith("unaligned") for p in pts if p.op == "bmm")

@@ -37,9 +37,12 @@ DRIFT_KEYS: dict[str, tuple[str, list[str]]] = {
     "gemm_samples": ("op", ["op", "dtype", "layout", "batch", "m", "n", "k"]),
     "utility_samples": ("op", ["op", "dtype", "rows", "cols", "shape"]),
     "attention_samples": ("backend", ["backend", "dtype", "batch", "heads", "seq_q", "seq_kv", "head_dim", "causal"]),
-    "embedding_samples": ("direction", ["direction", "dtype", "B", "E", "T", "L", "D"]),
+    "embedding_samples": ("direction", ["direction", "dtype", "B", "E", "T", "L", "D", "cold"]),
     "memory_samples": ("op", ["op", "dtype", "batch", "m", "n", "k", "shape"]),
 }
+# Optional key columns and the value a row written before the column existed stands for
+# (embedding rows before cold timings were all hot).
+KEY_DEFAULTS = {"cold": False}
 
 ALL = "all"  # op and dtype of the row that pools every point of a table
 COLUMNS = ["kind", "source", "op", "dtype", "points", "median_ratio", "moved_share", "error_previous_heldout",
@@ -51,10 +54,19 @@ def run_id_of(rows: pd.DataFrame) -> str:
     return ",".join(ids)
 
 
+def _with_key_defaults(rows: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
+    fill = {k: v for k, v in KEY_DEFAULTS.items() if k in keys}
+    if not fill:
+        return rows
+    rows = rows.assign(**{k: v for k, v in fill.items() if k not in rows})
+    return rows.assign(**{k: rows[k].fillna(v).astype(type(v)) for k, v in fill.items()})
+
+
 def table_drift(previous: pd.DataFrame, new: pd.DataFrame, table: str, gates: Gates = Gates()) -> pd.DataFrame:
     """One row per (op, dtype) that both runs measured (COLUMNS; kind "samples")."""
     op_col, keys = DRIFT_KEYS[table]
     cols = [*keys, "median_us", "p20_us", "p80_us"]
+    previous, new = _with_key_defaults(previous, keys), _with_key_defaults(new, keys)
     if not all(c in previous and c in new for c in cols):  # rows written before a column existed
         return pd.DataFrame(columns=COLUMNS)
     both = new[cols].merge(previous[cols], on=keys, suffixes=("", "_prev"))

@@ -110,16 +110,22 @@ class Measurement:
 
 
 class _L2Flusher:
-    """Overwrites a buffer twice the L2 size so each repetition starts with a cold cache."""
+    """Overwrites a buffer twice the L2 size so each repetition starts with a cold cache.
+    On a CPU the pass reads and writes (add_): a large zero-fill may use streaming stores,
+    which bypass the cache and evict nothing."""
 
     def __init__(self, l2_bytes: int, device: str):
         import torch
 
         n = max(int(2 * l2_bytes) // 4, 1)
-        self.buf = torch.empty(n, dtype=torch.float32, device=device)
+        self.cpu = not device.startswith("cuda")
+        self.buf = (torch.ones if self.cpu else torch.empty)(n, dtype=torch.float32, device=device)
 
     def __call__(self) -> None:
-        self.buf.zero_()
+        if self.cpu:
+            self.buf.add_(1.0)
+        else:
+            self.buf.zero_()
 
 
 def _reps_for(spec: TimingSpec, per_call_s: float) -> int:

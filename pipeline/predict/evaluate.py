@@ -4,6 +4,7 @@ from __future__ import annotations
 import pandas as pd
 
 from pipeline.predict.attention import AttentionModel
+from pipeline.predict.embedding import predict_rows
 from pipeline.predict.gemm import GemmModel
 from pipeline.predict.metrics import rel_err, summarize
 from pipeline.predict.utility import UtilityModel
@@ -55,10 +56,11 @@ def error_table(pred: pd.DataFrame, by: list[str]) -> pd.DataFrame:
 
 
 def embedding_predictions(model, samples: pd.DataFrame) -> pd.DataFrame:
-    """Held-out EmbeddingBag rows with predicted_us (hit-rate model); op = direction, layer type EL-F/EL-B."""
+    """Held-out EmbeddingBag rows with predicted_us (hit-rate model; cold rows with the cold fits);
+    op = direction, layer type EL-F/EL-B."""
     out = []
     for (direction, dtype), g in samples.groupby(["direction", "dtype"]):
-        pred = model.predict(direction, dtype, *(g[c].to_numpy() for c in ("B", "E", "T", "L", "D")))
+        pred = predict_rows(model, direction, dtype, g)
         out.append(g.assign(predicted_us=pred, op=direction, layer_type="EL-" + direction[0].upper()))
     df = pd.concat(out)
     return df.assign(rel_err=rel_err(df["predicted_us"], df["median_us"]))

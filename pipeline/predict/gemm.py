@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import pandas as pd
 
-from pipeline.core.dtypes import check_dtype
+from pipeline.core.dtypes import check_dtype, element_bytes
 from pipeline.core.errors import BadShapeError, MissingModelError, check_positive_arrays
 from pipeline.predict.geometry import grid_position
 from pipeline.predict.geometry import waves as count_waves
@@ -40,18 +40,22 @@ class GemmTable(DataclassJSON):
     aspect_m: np.ndarray | None = None
     aspect_n: np.ndarray | None = None
     aspect_log: np.ndarray | None = None
+    # CPU: log of how much longer a shape runs when its N (resp. K) does not fill whole cache
+    # lines, over the same (M x N) lattice, measured by twins one element off (sweeps/gemm.py)
+    unaligned_n_log: np.ndarray | None = None
+    unaligned_k_log: np.ndarray | None = None
 
     def __post_init__(self):
-        for name in ("aspect_m", "aspect_n", "aspect_log"):  # JSON gives lists back
+        for name in _GRIDS:  # JSON gives lists back
             value = getattr(self, name)
             if value is not None:
                 setattr(self, name, np.asarray(value, float))
 
     def to_dict(self) -> dict:
         d = super().to_dict()
-        if self.aspect_log is None:  # a table without the correction saves as it always did
-            for name in ("aspect_m", "aspect_n", "aspect_log"):
-                d.pop(name)
+        for name in _GRIDS:  # a table without a correction saves as it always did
+            if d.get(name) is None:
+                d.pop(name, None)
         return d
 
     def throughput(self, w: np.ndarray, k: np.ndarray) -> np.ndarray:
@@ -68,20 +72,31 @@ class GemmTable(DataclassJSON):
         w = np.maximum(count_waves(m, n, batch, self.tile_m, self.tile_n, self.slots, self.split_k), self.waves[0])
         kk = np.maximum(np.asarray(k, dtype=float), self.ks[0])
         padded_flops = (2.0 * self.slots * self.tile_m * self.tile_n / self.split_k) * w * kk
-        return padded_flops / self.throughput(w, kk) * self.aspect_factor(m, n)
+        return padded_flops / self.throughput(w, kk) * self.aspect_factor(m, n) * self.alignment_factor(m, n, k)
+
+    def _on_lattice(self, g: np.ndarray, m, n) -> np.ndarray:
+        """Bilinear in (log2 M, log2 N) over the aspect lattice, held at its edges."""
+        im, fm, im1 = grid_position(np.log2(self.aspect_m), np.log2(np.asarray(m, float)))
+        jn, fn, jn1 = grid_position(np.log2(self.aspect_n), np.log2(np.asarray(n, float)))
+        lo = g[im, jn] * (1 - fn) + g[im, jn1] * fn
+        hi = g[im1, jn] * (1 - fn) + g[im1, jn1] * fn
+        return lo * (1 - fm) + hi * fm
 
     def aspect_factor(self, m, n) -> np.ndarray | float:
         """How much slower (> 1) or faster a shape runs than the near-square one of the same
-        output size the whole-wave table holds: bilinear in (log2 M, log2 N) over the aspect
-        grid, held at its edges; 1 without one."""
+        output size the whole-wave table holds; 1 without an aspect grid."""
         if self.aspect_log is None:
             return 1.0
-        im, fm, im1 = grid_position(np.log2(self.aspect_m), np.log2(np.asarray(m, float)))
-        jn, fn, jn1 = grid_position(np.log2(self.aspect_n), np.log2(np.asarray(n, float)))
-        g = self.aspect_log
-        lo = g[im, jn] * (1 - fn) + g[im, jn1] * fn
-        hi = g[im1, jn] * (1 - fn) + g[im1, jn1] * fn
-        return np.exp(lo * (1 - fm) + hi * fm)
+        return np.exp(self._on_lattice(self.aspect_log, m, n))
+
+    def alignment_factor(self, m, n, k) -> np.ndarray | float:
+        """How much longer a shape whose N or K rows end mid cache line runs than an aligned
+        one (the twins' measured ratio at its (M, N)); 1 for aligned shapes or without twins."""
+        out = 0.0
+        for grid, dim in ((self.unaligned_n_log, n), (self.unaligned_k_log, k)):
+            if grid is not None:
+                out = out + self._on_lattice(grid, m, n) * ~is_aligned(dim, self.dtype)
+        return np.exp(out)
 
     def with_aspect(self, rows: pd.DataFrame) -> "GemmTable":
         """This table with its aspect correction fitted on `rows` (the aspect grid of its kernel):
@@ -98,6 +113,54 @@ class GemmTable(DataclassJSON):
         rel = rel.ffill(axis=1).bfill(axis=1).fillna(0.0)
         return replace(self, aspect_m=grid.index.to_numpy(float), aspect_n=grid.columns.to_numpy(float),
                        aspect_log=rel.to_numpy(float))
+
+    def with_alignment(self, base: pd.DataFrame, twins: pd.DataFrame) -> "GemmTable":
+        """This table with its unaligned-N and -K corrections: per aspect cell (M, N), the median
+        over K of log(twin time / aligned time) less the twin's extra FLOPs. Only cells whose own
+        N and K are aligned say what misalignment costs; the rest, and cells with no twin, get 0."""
+        if self.aspect_log is None or twins.empty:
+            return self
+        keys = ["m", "n", "k"]
+        aligned = base[is_aligned(base["n"].to_numpy(), self.dtype) & is_aligned(base["k"].to_numpy(), self.dtype)]
+        aligned = aligned.groupby(keys, as_index=False)["median_us"].median()
+        out = {}
+        for name, dim in UNALIGNED_GRIDS.items():
+            mine = twins[twins["grid"] == name.removesuffix("_log")]
+            pair = mine.assign(**{dim: mine[dim] - 1}).merge(aligned, on=keys, suffixes=("", "_base"))
+            if pair.empty:
+                continue
+            extra = np.log((pair[dim] + 1) / pair[dim])  # the twin's FLOPs over the base's
+            pair = pair.assign(log_ratio=np.log(pair["median_us"] / pair["median_us_base"]) - extra)
+            cells = pair.pivot_table(index="m", columns="n", values="log_ratio", aggfunc="median")
+            cells = cells.reindex(index=self.aspect_m, columns=self.aspect_n).to_numpy(float)
+            out[name] = neighbourhood_median(cells)
+        return replace(self, **out)
+
+
+def neighbourhood_median(cells: np.ndarray) -> np.ndarray:
+    """Each cell as the median of the measured cells in its 3 x 3 neighbourhood (0 where none):
+    one twin timed in a slow spell, or a base that stalled (a cell of -6.6 on the EPYC VM
+    beside neighbours of 0.1-0.2), must not price its shapes on its own."""
+    rows, cols = cells.shape
+    out = np.zeros_like(cells)
+    for i in range(rows):
+        for j in range(cols):
+            near = cells[max(i - 1, 0):i + 2, max(j - 1, 0):j + 2]
+            if not np.isnan(near).all():
+                out[i, j] = np.nanmedian(near)
+    return out
+
+
+# Rows that fill whole cache lines are what the grids measured; 64 bytes is the line of every
+# x86-64 and of most ARM server cores. What misalignment costs is measured (the twins), not assumed.
+LINE_BYTES = 64
+UNALIGNED_GRIDS = {"unaligned_n_log": "n", "unaligned_k_log": "k"}
+_GRIDS = ("aspect_m", "aspect_n", "aspect_log", *UNALIGNED_GRIDS)
+
+
+def is_aligned(dim, dtype: str) -> np.ndarray:
+    """Whether a row of `dim` elements of `dtype` fills whole cache lines."""
+    return (np.asarray(dim, dtype=np.int64) * element_bytes(dtype)) % LINE_BYTES == 0
 
 
 def relative_to_square(grid: pd.DataFrame, tile_m: int = 1, tile_n: int = 1) -> np.ndarray:
@@ -180,8 +243,10 @@ class GemmModel:
         every point, so its own rows say nothing about which one the device would pick."""
         if bool(samples["held_out"].any()):
             raise ValueError("GemmModel.fit got held-out rows; fit on training rows only")
-        on_aspect = (samples["grid"] == "aspect").to_numpy() if "grid" in samples else np.zeros(len(samples), bool)
-        aspect, samples = samples[on_aspect], samples[~on_aspect]
+        grid = samples["grid"] if "grid" in samples else pd.Series("waves", index=samples.index)
+        is_twin = grid.isin([name.removesuffix("_log") for name in UNALIGNED_GRIDS]).to_numpy()
+        is_aspect = (grid == "aspect").to_numpy()
+        twins, aspect, samples = samples[is_twin], samples[is_aspect], samples[~(is_twin | is_aspect)]
         tables = {}
         for (op, dtype, kernel), g in samples.groupby(["op", "dtype", "kernel"]):
             tm, tn = (int(g[c].mode().iloc[0]) for c in ("tile_m", "tile_n"))
@@ -198,7 +263,10 @@ class GemmModel:
                 sides = set(mine["m"]) | set(mine["n"])
                 on_lattice = g["m"].isin(sides) & g["n"].isin(sides) & g["k"].isin(set(mine["k"])) & (g["batch"] == 1)
                 mine = pd.concat([mine, g[on_lattice].drop(columns="thr")], ignore_index=True)
-            tables[(op, dtype, str(kernel))] = table.with_aspect(mine) if len(mine) else table
+            if len(mine):
+                own_twins = twins[(twins["op"] == op) & (twins["dtype"] == dtype)]
+                table = table.with_aspect(mine).with_alignment(mine, own_twins)
+            tables[(op, dtype, str(kernel))] = table
         return GemmModel(tables, KernelSelector.fit(selector_labels(samples, choices, tables)))
 
     def check(self, op: str, dtype: str) -> None:

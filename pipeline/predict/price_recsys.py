@@ -2,7 +2,9 @@
 
 The DLRM paper's kernel models (§III-B) price what the GEMM/utility tables cannot:
   aten::_embedding_bag             EL-F: embedding model, forward (B, E, T=1, L, D); covers
-                                   its subtree (offset bookkeeping)
+                                   its subtree (offset bookkeeping). With cold fits (CPU), a
+                                   lookup is priced hot for the share of the graph's tables
+                                   the cache holds, cold for the rest
   aten::_embedding_bag_backward    EL-B: embedding model, backward; it covers its subtree
                                    (cumsum, sparse_backward, ...) and the sparse SGD update
                                    of the table (aten::add_ of the table by its sparse grad),
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import math
 
+from pipeline.core.dtypes import element_bytes
 from pipeline.core.errors import MissingModelError
 
 EMB_FWD, EMB_BWD = "aten::_embedding_bag", "aten::_embedding_bag_backward"
@@ -31,6 +34,9 @@ class RecsysOps:
     def __init__(self, embedding_model=None, memory_model=None):
         self.embedding_model, self.memory_model = embedding_model, memory_model
         self.tables: set[tuple[int, int]] = set()  # (E, D) of tables seen in forward lookups
+        # elements of every table looked up in the forward pass: what shares the cache between two
+        # lookups of one table (classify_graph maps every op before any is priced)
+        self.table_elements = 0
 
     def map(self, name: str, shapes: list | None, scalars: list | None):
         if not shapes:
@@ -38,6 +44,7 @@ class RecsysOps:
         if name == EMB_FWD and len(shapes) >= 3 and shapes[0] and shapes[1] and shapes[2]:
             (E, D), n_idx, B = shapes[0], math.prod(shapes[1]), math.prod(shapes[2])
             self.tables.add((E, D))
+            self.table_elements += E * D
             return "embedding:forward", (B, E, 1, max(n_idx // max(B, 1), 1), D)
         if name == EMB_BWD and len(shapes) >= 3 and shapes[0] and shapes[1]:
             B, D = shapes[0]
@@ -75,6 +82,8 @@ class RecsysOps:
         if model is None:
             raise MissingModelError(f"no {family} model to price {op}")
         if family == "embedding":
-            return float(model.predict(op, dtype, *dims))
+            blend = getattr(model, "cached_share", None)  # a stand-in model (tests) may have no cold fits
+            share = blend(self.table_elements * element_bytes(dtype)) if blend else None
+            return float(model.predict(op, dtype, *dims, cached_share=share))
         names = ("batch", "n", "k") if op == "concat" else ("batch", "n")
         return float(model.predict(op, dtype, **dict(zip(names, dims))))

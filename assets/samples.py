@@ -18,6 +18,7 @@ import dagster as dg
 from assets.common import device_check, image_md, md_table, metadata_table, rounded, row_count, save_plot
 from assets.factories import CHARACTERIZE, sample_asset, timing_checks
 from assets.opencl import LAUNCH_CHECKS, launch_report
+from pipeline.analysis.drift import ALL, devices_verdict
 from pipeline.analysis.plots import attention_throughput_vs_seq, latency_vs_bytes, throughput_vs_k
 from pipeline.analysis.run_report import noisy_shares
 from pipeline.orchestration.partitions import devices
@@ -111,7 +112,12 @@ def opencl_launches(df: pd.DataFrame, device: str) -> dict:
               "sweep_noise", "sweep_quality",
               description="share of each sample table's rows still noisy after one re-measure <= "
                           "max_noisy_share (quality_gates; $DEVCHAR_MAX_NOISY_SHARE, default 0.25): one "
-                          "verdict per device run, naming the tables over it")])
+                          "verdict per device run, naming the tables over it"),
+              device_check(
+              "device_drift", "sweep_quality",
+              description="the device as a whole did not change since its previous calibration: fewer than "
+                          "half (or fewer than two) of the sample tables re-measured in this run have a "
+                          "flagged `drift` check; a single table moving is a slow spell, not a device")])
 def sweep_quality(context: dg.AssetExecutionContext, warehouse: DuckDBWarehouse,
                   quality_gates: QualityGates) -> dg.MaterializeResult:
     """How noisy this device's sweeps were, once per run: per sample table the share of rows
@@ -123,10 +129,24 @@ def sweep_quality(context: dg.AssetExecutionContext, warehouse: DuckDBWarehouse,
     table = pd.DataFrame([{"table": t, "noisy_share": n, "stalled_share": st} for t, (n, st) in shares.items()])
     over = [f"{t} {n:.0%}" for t, (n, _) in shares.items() if n > gates.max_noisy_share]
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    changed, flagged, compared = device_drift_of(warehouse, device, context.run.run_id[:12])
     return dg.MaterializeResult(
         metadata={"noise": metadata_table(table, pct=["noisy_share", "stalled_share"]),
                   "load_average_1m": rounded(load)},
         check_results=[dg.AssetCheckResult(
             check_name="sweep_noise", passed=not over, severity=dg.AssetCheckSeverity.WARN,
             metadata={"noisy_share": "; ".join(over) or "none over the gate",
-                      "max_noisy_share": gates.max_noisy_share, "load_average_1m": rounded(load)})])
+                      "max_noisy_share": gates.max_noisy_share, "load_average_1m": rounded(load)}),
+            dg.AssetCheckResult(
+            check_name="device_drift", passed=not changed, severity=dg.AssetCheckSeverity.WARN,
+            metadata={"tables_flagged": ", ".join(flagged) or "none",
+                      "tables_compared": ", ".join(compared) or "none (a first calibration)"})])
+
+
+def device_drift_of(warehouse: DuckDBWarehouse, device: str, run_id: str) -> tuple[bool, list[str], list[str]]:
+    """devices_verdict over the pooled drift rows this run's sample assets wrote."""
+    if not warehouse.has_table("drift"):
+        return False, [], []
+    pooled = warehouse.query("SELECT source, flagged, median_ratio FROM drift WHERE device = ? AND run_id = ? "
+                             "AND kind = 'samples' AND op = ? AND dtype = ?", [device, run_id, ALL, ALL])
+    return devices_verdict(pooled)

@@ -1,11 +1,14 @@
-"""Before/after on the same captures: GPT-2 and DLRM predictions from one device's warehouse
-with the GEMM model refitted under each variant (the other kernel models as saved).
+"""Before/after on the same captures: GPT-2 and DLRM predictions from one device's warehouse,
+with the GEMM and embedding models refitted under each variant (utility and memory models as
+saved). Nothing is measured and nothing is written.
 
     .venv/bin/python scripts/e2e_ablation.py [--device SLUG]
 
-Variants: `table+aspect` (the whole-wave table and its aspect grid, no unaligned twins) and
-`+unaligned` (the twins' correction too). Prints each run's e2e_shared error and Table V, and
-the GEMM held-out mean error per (op, dtype) of each variant. Nothing is written.
+Variants, each adding one fix of issue 14 to the one before:
+  before           the whole-wave GEMM table with its aspect grid; embeddings as timed hot
+  +unaligned       the GEMM twins' correction for rows that end mid cache line
+  +cold            embedding lookups blended hot/cold by the share of the graph's tables cached
+Prints the GEMM held-out error per (op, dtype), each run's e2e_shared error and Table V.
 """
 from __future__ import annotations
 
@@ -21,11 +24,21 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from pipeline.core.config import model_store_root  # noqa: E402
 from pipeline.predict import store  # noqa: E402
+from pipeline.predict.embedding import EmbeddingModel  # noqa: E402
 from pipeline.predict.evaluate import error_table, gemm_predictions  # noqa: E402
 from pipeline.predict.gemm import GemmModel  # noqa: E402
 from pipeline.predict.graph_predict import predict_runs, table_v  # noqa: E402
 
-VARIANTS = {"table+aspect": lambda g: g[~g["grid"].astype(str).str.startswith("unaligned")], "+unaligned": lambda g: g}
+
+def _no_twins(g: pd.DataFrame) -> pd.DataFrame:
+    return g[~g["grid"].astype(str).str.startswith("unaligned")]
+
+
+def _hot(e: pd.DataFrame) -> pd.DataFrame:
+    return e[~e["cold"].fillna(False).astype(bool)] if "cold" in e else e
+
+
+VARIANTS = {"before": (_no_twins, _hot), "+unaligned": (lambda g: g, _hot), "+cold": (lambda g: g, lambda e: e)}
 
 
 def main() -> None:
@@ -36,24 +49,28 @@ def main() -> None:
     con = duckdb.connect(os.path.join(home, "devchar.duckdb"), read_only=True)
     device = args.device or con.execute("SELECT device FROM devices LIMIT 1").fetchone()[0]
     rows = lambda t: con.execute(f"SELECT * FROM {t} WHERE device = ?", [device]).df()  # noqa: E731
-    gemm, runs, graphs, samples = rows("gemm_samples"), rows("workload_runs"), rows("workload_graphs"), \
-        rows("overhead_samples")
-    others = {m: store.load(model_store_root(), device, m) for m in ("utility_model", "embedding_model",
-                                                                      "memory_model")}
+    gemm, emb = rows("gemm_samples"), rows("embedding_samples")
+    runs, graphs, samples = rows("workload_runs"), rows("workload_graphs"), rows("overhead_samples")
+    others = {m: store.load(model_store_root(), device, m) for m in ("utility_model", "memory_model")}
     pd.set_option("display.width", 200)
-    for name, pick in VARIANTS.items():
-        model = GemmModel.fit(pick(gemm[~gemm["held_out"]]))
-        err = error_table(gemm_predictions(model, gemm[gemm["held_out"]]), ["op", "dtype"])
-        print(f"\n== {name}: GEMM held-out mean |error| per (op, dtype)")
-        print(err.to_string(index=False))
-        pred = predict_runs(runs, graphs, samples, {"gemm_model": model, **others}, synchronous=True)
+    summary = []
+    for name, (pick_gemm, pick_emb) in VARIANTS.items():
+        gemm_model = GemmModel.fit(pick_gemm(gemm[~gemm["held_out"]]))
+        emb_model = EmbeddingModel.fit(pick_emb(emb[~emb["held_out"]]))
+        err = error_table(gemm_predictions(gemm_model, gemm[gemm["held_out"]]), ["op", "dtype"])
+        print(f"\n== {name}: GEMM held-out |error| per (op, dtype)")
+        print(err.round(3).to_string(index=False))
+        models = {"gemm_model": gemm_model, "embedding_model": emb_model, **others}
+        pred = predict_runs(runs, graphs, samples, models, synchronous=True)
         shared = pred[pred["predictor"] == "e2e_shared"]
         print(shared[["workload", "config", "batch", "predicted_ms", "measured_ms", "rel_err"]]
               .round(3).to_string(index=False))
         for workload, g in pred.groupby("workload"):
-            tv = table_v(g)
-            print(workload, "; ".join(f"{r.predictor} geomean {r.geomean_abs_err:.1%} max {r.max_abs_err:.1%}"
-                                      for r in tv.itertuples()))
+            for r in table_v(g).itertuples():
+                summary.append({"variant": name, "workload": workload, "predictor": r.predictor,
+                                "geomean": f"{r.geomean_abs_err:.1%}", "max": f"{r.max_abs_err:.1%}"})
+    print("\n== Table V per variant")
+    print(pd.DataFrame(summary).to_string(index=False))
 
 
 if __name__ == "__main__":

@@ -129,3 +129,18 @@ def test_the_sample_asset_records_drift_per_recalibration(devchar_home):
     assert len(drift) == 2 and drift["flagged"].all()  # the latest comparison replaced the earlier
     assert len(DuckDBWarehouse().device_rows("memory_samples", DEVICE)) == 12
     assert (devchar_home / "drift" / DEVICE / "memory_samples.previous.parquet").exists()
+
+
+@pytest.mark.parametrize("flags, changed", [
+    ({"gemm_samples": False, "utility_samples": False, "attention_samples": True, "memory_samples": False,
+      "embedding_samples": False}, False),  # one short sweep in a slow spell (the EPYC VM, attention x1.37)
+    ({"gemm_samples": True, "utility_samples": True, "attention_samples": True, "memory_samples": False,
+      "embedding_samples": False}, True),  # most tables moved: threads, clocks, BLAS
+    ({"gemm_samples": True}, False),  # one table compared: never enough to call a device changed
+    ({}, False)])  # a first calibration compares nothing
+def test_the_device_verdict_needs_most_tables_to_move(flags, changed):
+    from pipeline.analysis.drift import devices_verdict
+
+    pooled = pd.DataFrame({"source": list(flags), "flagged": list(flags.values()), "median_ratio": 1.0})
+    got, flagged, compared = devices_verdict(pooled)
+    assert got is changed and flagged == sorted(t for t, f in flags.items() if f) and compared == sorted(flags)

@@ -90,3 +90,31 @@ def test_summary_prints_no_empty_table_ii_when_only_baselines_were_scored(devcha
     assert "Empty DataFrame" not in text
     assert "PM2Lat Table II analog" not in text
     assert "from each fit" in text or "no model was fitted" in text
+
+
+def test_summary_shows_only_what_this_run_evaluated_and_predicted(devchar_home):
+    """A run whose memory_model failed printed the previous run's Table II and DLRM table as
+    if they were its own."""
+    import pandas as pd
+
+    from pipeline.analysis.report import render_summary
+
+    errors = pd.DataFrame([{"model": "devchar", "layer_type": "MM", "dtype": "float32", "n": 40,
+                            "mean_rel_err": 0.2, "max_rel_err": 0.5, "run_id": "aaaaaaaaaaaa"}])
+    preds = pd.DataFrame([{"workload": w, "config": "c", "batch": 1, "seq": 0, "measured_ms": 1.0,
+                           "predictor": "e2e_shared", "predicted_ms": 1.1, "rel_err": 0.1, "kernel_only_ms": 1.0,
+                           "active_measured_ms": 1.0, "run_id": rid}
+                          for w, rid in (("gpt2", "bbbbbbbbbbbb"), ("dlrm", "aaaaaaaaaaaa"))])
+
+    class Warehouse:
+        def has_table(self, table):
+            return table in ("model_errors", "predictions")
+
+        def query(self, sql, params=None):
+            return errors if "model_errors" in sql else preds
+
+    text = render_summary(Warehouse(), "cpu-test-2c", run_id="bbbbbbbbbbbb-rest-of-the-id")
+    assert "PM2Lat Table II analog" not in text  # run a's evaluation is not this run's
+    assert "DLRM training step: not predicted in this run" in text
+    assert "GPT-2 forward: error of each predictor" in text
+    assert "PM2Lat Table II analog" in render_summary(Warehouse(), "cpu-test-2c", run_id="aaaaaaaaaaaa")

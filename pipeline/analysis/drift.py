@@ -92,6 +92,21 @@ def device_changed(drift: pd.DataFrame) -> bool:
     return bool(pooled["flagged"].any())
 
 
+def devices_verdict(pooled: pd.DataFrame) -> tuple[bool, list[str], list[str]]:
+    """One verdict per device run from each sample table's pooled drift row of that run
+    (columns source, flagged, median_ratio): (changed, tables flagged, tables compared).
+
+    A changed device (threads, clocks, driver, BLAS) moves most of what every sweep measures;
+    a shared VM's slow spell can last a whole short sweep (on the EPYC VM, unchanged re-runs
+    moved memory_samples x0.66 and attention_samples x1.37, each alone, 9 s sweeps) and moves
+    one table. So the device counts as changed when at least half of the tables compared, and
+    at least two, are flagged."""
+    compared = sorted(pooled["source"].astype(str))
+    flagged = sorted(pooled.loc[pooled["flagged"].astype(bool), "source"].astype(str))
+    changed = len(flagged) >= 2 and 2 * len(flagged) >= len(compared)
+    return changed, flagged, compared
+
+
 def is_drift(median_ratio: float, moved_share: float, gates: Gates) -> bool:
     shift = abs(np.log(median_ratio))
     return bool(shift > np.log1p(gates.max_drift_ratio) and moved_share >= gates.max_drift_moved_share)

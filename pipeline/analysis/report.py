@@ -12,7 +12,9 @@ def _fmt_flops(x) -> str:
     return f"{x / 1e12:.2f} TFLOP/s" if _present(x) else "-"
 
 
-def render_summary(warehouse, device: str) -> str:
+def render_summary(warehouse, device: str, run_id: str | None = None) -> str:
+    """run_id: the run just finished; Table II comes from its own evaluation, or, when a failed
+    check stopped that, from the fits' own held-out errors (never a previous run's table)."""
     lines = [f"\n== device {device} =="]
     if warehouse.has_table("devices"):
         d = warehouse.query("SELECT * FROM devices WHERE device = ?", [device])
@@ -25,8 +27,11 @@ def render_summary(warehouse, device: str) -> str:
             lines.append(f"measured peaks: {peaks}; copy bandwidth {r['bandwidth_gbps']:.1f} GB/s")
     e = None
     if warehouse.has_table("model_errors"):
-        e = warehouse.query("SELECT model, layer_type, dtype, n, mean_rel_err, max_rel_err FROM model_errors "
+        e = warehouse.query("SELECT model, layer_type, dtype, n, mean_rel_err, max_rel_err, run_id FROM model_errors "
                             "WHERE device = ? ORDER BY dtype, layer_type", [device])
+        if run_id is not None and "run_id" in e:
+            e = e[e["run_id"].astype(str) == run_id[:12]]
+        e = e.drop(columns="run_id", errors="ignore")
     if e is None or not (e["model"] == "devchar").any():
         lines.append(_fitted_errors(device))  # model_evaluation did not run: what each fit measured itself
     if e is not None and not e.empty:
@@ -42,6 +47,11 @@ def render_summary(warehouse, device: str) -> str:
     if warehouse.has_table("predictions"):
         p = warehouse.query("SELECT * FROM predictions WHERE device = ? ORDER BY workload, config, batch, seq",
                             [device])
+        if run_id is not None and "run_id" in p:
+            stale = sorted(set(p["workload"]) - set(p.loc[p["run_id"].astype(str) == run_id[:12], "workload"]))
+            p = p[p["run_id"].astype(str) == run_id[:12]]
+            lines += [f"\n-- {_TITLES.get(w, w)}: not predicted in this run (a failed check or step stopped it) --"
+                      for w in stale]
         for workload, g in p.groupby("workload", sort=False):
             lines.append(_workload_section(workload, g))
     return "\n".join(lines)

@@ -48,7 +48,7 @@ def cmd_run(args) -> int:
               "in the UI's Runs, re-executable from there", flush=True)
     if selection is not None:
         _load_reference_only_tables(slug)
-    print(summary(slug))
+    print(summary(slug, result.run_id))
     return _report_run(result, slug)
 
 
@@ -133,10 +133,10 @@ def _load_reference_only_tables(slug: str) -> None:
         print(f"devchar: reference_timings: {len(rows)} rows for {slug}")
 
 
-def summary(device: str) -> str:
+def summary(device: str, run_id: str | None = None) -> str:
     from pipeline.analysis.report import render_summary
 
-    return render_summary(warehouse(), device)
+    return render_summary(warehouse(), device, run_id)
 
 
 def cmd_predict(args) -> int:

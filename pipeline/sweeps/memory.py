@@ -28,6 +28,7 @@ import numpy as np
 from pipeline.device.discover import DeviceIdentity
 from pipeline.core.dtypes import element_bytes
 from pipeline.harness.dtypes import torch_dtype
+from pipeline.harness.order import interleaved
 from pipeline.harness.progress import Progress
 from pipeline.harness.stalls import remeasure_stalled
 from pipeline.harness.timer import TimingSpec, measure
@@ -195,8 +196,9 @@ def sweep_memory(dev: DeviceIdentity, profile_name, log=None) -> list[dict]:
     prog = Progress("memory_samples", len(todo), log)
     if dev.kind != "cuda":
         prog.log(f"[memory_samples] {', '.join(CUDA_ONLY)} skipped: the CPU has no host-to-device copy")
-    rows, makers, skipped = [], [], 0
-    for op, dtype, s, held in todo:
+    timed, skipped = [], 0
+    for i in interleaved(len(todo)):  # a slow spell of a shared machine must not land on one group
+        op, dtype, s, held = todo[i]
         full = {d: int(s.get(d, 1)) for d in ("batch", "m", "n", "k")}
         try:
             meas = measure(_callable(op, dtype, s, dev.torch_device), z.timing, dev.torch_device, dev.l2_bytes or 0)
@@ -205,13 +207,15 @@ def sweep_memory(dev: DeviceIdentity, profile_name, log=None) -> list[dict]:
             skipped += 1
             prog.step(f"{op} {dtype} {s}: out of memory, skipped")
             continue
-        rows.append({
+        row = {
             "op": op, "dtype": dtype, **full, "shape": "x".join(f"{d}{s[d]}" for d in OP_DIMS[op]),
             "bytes": float(memory_bytes(op, element_bytes(dtype), **{d: s[d] for d in OP_DIMS[op]})),
             "held_out": held, **meas.row(z.timing.cv_threshold),
-        })
-        makers.append(lambda a=(op, dtype, s): _callable(*a, dev.torch_device))
+        }
+        timed.append((i, row, lambda a=(op, dtype, s): _callable(*a, dev.torch_device)))
         prog.step(f"{op} {dtype} {s}")
+    timed.sort(key=lambda t: t[0])  # rows in list order
+    rows, makers = [t[1] for t in timed], [t[2] for t in timed]
     remeasure_stalled(rows, makers, z.timing, dev.torch_device, dev.l2_bytes or 0, prog.log,
                       get_profile(name, dev.kind).stall_wait_s)
     if skipped:

@@ -290,6 +290,8 @@ def test_unaligned_twins_price_rows_that_end_mid_cache_line(synthetic_gemm_model
     assert fixed.alignment_factor(1024, 257, 65) == pytest.approx(1.0)  # no cost measured there
     again = GemmTable.from_dict(json.loads(json.dumps(fixed.to_dict())))
     assert again.alignment_factor(16, 257, 64) == pytest.approx(1.5)
+    assert fixed.alignment_factor(16, 257, 2) == pytest.approx(1.5)  # K = 2: shorter than a line, not charged
+    assert fixed.alignment_factor(16, 7, 64) == pytest.approx(1.0)  # N = 7: the grid's own sub-line sides
     assert is_aligned(16, "float32") and not is_aligned(50257, "float32") and is_aligned(32, "bfloat16")
     assert "unaligned_n_log" not in table.to_dict()
 

@@ -118,3 +118,13 @@ def test_summary_shows_only_what_this_run_evaluated_and_predicted(devchar_home):
     assert "DLRM training step: not predicted in this run" in text
     assert "GPT-2 forward: error of each predictor" in text
     assert "PM2Lat Table II analog" in render_summary(Warehouse(), "cpu-test-2c", run_id="aaaaaaaaaaaa")
+
+
+def test_the_device_drift_warning_names_its_tables():
+    from pipeline.analysis.run_report import describe_checks
+
+    text = describe_checks([FailedCheck("sweep_quality", "device_drift", False,
+                                        {"tables_flagged": "attention_samples, gemm_samples",
+                                         "tables_compared": "attention_samples, gemm_samples, utility_samples"})])
+    assert "device_drift failed: tables_flagged attention_samples, gemm_samples" in text
+    assert "see its metadata" not in text

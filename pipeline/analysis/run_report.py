@@ -96,7 +96,8 @@ def noisy_shares(warehouse, device: str) -> dict[str, tuple[float, float]]:
 
 
 DETAIL_KEYS = ("over_threshold", "worst_median", "overall_mean", "max_median_allowed", "max_mean_allowed",
-               "bad_rows", "noisy_share", "val_mape", "max_allowed", "flagged", "ops_moved_alone")
+               "bad_rows", "noisy_share", "val_mape", "max_allowed", "flagged", "ops_moved_alone", "tables_flagged",
+               "tables_compared")
 
 
 def describe_checks(checks: list[FailedCheck]) -> str:

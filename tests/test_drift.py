@@ -136,6 +136,8 @@ def test_the_sample_asset_records_drift_per_recalibration(devchar_home):
       "embedding_samples": False}, False),  # one short sweep in a slow spell (the EPYC VM, attention x1.37)
     ({"gemm_samples": True, "utility_samples": True, "attention_samples": True, "memory_samples": False,
       "embedding_samples": False}, True),  # most tables moved: threads, clocks, BLAS
+    ({"gemm_samples": True, "utility_samples": False, "attention_samples": True, "memory_samples": False,
+      "embedding_samples": False}, True),  # 1 -> 2 threads on the EPYC VM: two of five
     ({"gemm_samples": True}, False),  # one table compared: never enough to call a device changed
     ({}, False)])  # a first calibration compares nothing
 def test_the_device_verdict_needs_most_tables_to_move(flags, changed):

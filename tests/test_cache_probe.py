@@ -26,3 +26,12 @@ def test_the_cpu_flush_reads_and_writes_its_buffer():
     flush()
     buf = flush()  # add_ returns the buffer it updated in place
     assert np.allclose(buf.numpy(), 4.0)
+
+
+def test_no_flush_size_takes_more_than_a_quarter_of_the_memory():
+    # a VM reporting its host's 480 MB L3 on a 24 GB machine: 16x would be a 7.7 GB buffer
+    tried = []
+    size = effective_flush_bytes(480 * MB, gather_us=lambda s: tried.append(s) or float(s), memory_bytes=8 << 30)
+    assert max(tried) <= 2 << 30 and size == max(tried) == 1920 * MB
+    # a reported cache bigger than the cap is still tried alone, not skipped
+    assert effective_flush_bytes(4096 * MB, gather_us=lambda s: 1.0, memory_bytes=8 << 30) == 4096 * MB

@@ -156,3 +156,15 @@ def test_a_blended_lookup_keeps_the_hot_per_call_overhead():
     hot = model.predict("forward", "float32", *shape)
     assert model.predict("forward", "float32", *shape, cached_share=0.0) < hot + 5.0
     assert model.predict_cold("forward", "float32", *shape) > hot + 40.0
+
+
+def test_cold_timings_fit_their_flush_budget_and_keep_both_held_out_and_fitting_points():
+    from pipeline.sweeps.embedding import EmbeddingPoint, cold_subset
+
+    todo = [("float32", EmbeddingPoint(B=8, E=100 + i, T=1, L=2, D=16, held_out=i % 5 == 0)) for i in range(100)]
+    assert cold_subset(todo, per_point_s=0.1, budget_s=90.0) == set(range(100))  # 10 s: every point
+    picked = cold_subset(todo, per_point_s=3.0, budget_s=90.0)  # 30 points fit
+    assert len(picked) == 30 and picked == cold_subset(todo, per_point_s=3.0, budget_s=90.0)
+    held = {i for i in picked if todo[i][1].held_out}
+    assert len(held) == 6 and len(picked - held) == 24  # in proportion (20 % held out)
+    assert len(cold_subset(todo, per_point_s=1000.0, budget_s=90.0)) >= 4  # never none: the cold fit needs rows

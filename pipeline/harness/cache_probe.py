@@ -48,12 +48,30 @@ def _cold_gather_us(flush_bytes: int, reps: int = 9) -> float:
     return float(np.median(times))
 
 
-def effective_flush_bytes(reported_llc: int, log=None, gather_us=_cold_gather_us) -> int:
+def available_bytes() -> int | None:
+    """Memory the OS says is available now (Linux /proc/meminfo), or None."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def effective_flush_bytes(reported_llc: int, log=None, gather_us=_cold_gather_us,
+                          memory_bytes: int | None = None) -> int:
     """The smallest flush, of the reported last-level cache times 1, 2, 4 ... 16, after which a
     cold gather takes at least 90 % of the slowest one seen. Every size is timed: a doubling
     that stops at the first step under +10 % let one noisy step end it early (the EPYC VM's
-    probe said 32, 64 and 128 MB in three runs)."""
+    probe said 32, 64 and 128 MB in three runs). No size takes more than a quarter of the
+    available memory (`memory_bytes`, default: what the OS says now): a Xeon VM reports its
+    host's 480 MB L3, and 16x that is a 7.7 GB buffer on a 24 GB machine."""
+    memory_bytes = available_bytes() if memory_bytes is None else memory_bytes
     sizes = [int(reported_llc) << i for i in range(MAX_DOUBLINGS + 1)]
+    if memory_bytes:
+        sizes = [s for s in sizes if s <= memory_bytes // 4] or sizes[:1]
     times = [gather_us(size) for size in sizes]
     size = next(s for s, t in zip(sizes, times) if t >= 0.9 * max(times))
     if log:
@@ -61,3 +79,15 @@ def effective_flush_bytes(reported_llc: int, log=None, gather_us=_cold_gather_us
             f"{reported_llc / 2**20:.0f} MB last-level cache; gather after each flush: "
             f"{', '.join(f'{t:.0f}' for t in times)} us)")
     return size
+
+
+def flush_seconds(nbytes: int, reps: int = 3) -> float:
+    """Median time of one flush of `nbytes` (what each cold repetition adds to a sweep)."""
+    flush = cpu_flush(nbytes)
+    flush()
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        flush()
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times))

@@ -51,6 +51,7 @@ class EmbeddingSizes:
     heldout: int  # random shapes, each measured in both directions
     timing: TimingSpec
     cold: bool = True  # CPU: flush the measured effective cache before every repetition
+    cold_budget_s: float = 90.0  # CPU: flush time the cold timings may spend (a subset of points past it)
 
 
 _CPU_QUICK_TIMING = TimingSpec(warmup_s=0.003, budget_s=0.015, min_reps=5, max_reps=60, min_block_s=2e-4)
@@ -69,7 +70,7 @@ SIZES = {
                                      heldout=24, timing=_CPU_QUICK_TIMING),
     ("full", "cpu"): EmbeddingSizes(B=(16, 128, 512, 2048), E=(1000, 10_000, 100_000, 1_000_000, 4_000_000),
                                     T=(1, 4, 16), L=(1, 8, 32, 64), D=(16, 64, 128), dtypes=("float32", "bfloat16"),
-                                    max_table_bytes=1 << 30, max_work=1 << 24, heldout=60,
+                                    max_table_bytes=1 << 30, max_work=1 << 24, heldout=60, cold_budget_s=600.0,
                                     timing=TimingSpec(warmup_s=0.01, budget_s=0.05, min_reps=5, max_reps=200,
                                                       min_block_s=2e-4)),
     ("tiny", "cuda"): EmbeddingSizes(B=(8, 64), E=(100, 10_000), T=(1, 4), L=(2, 8), D=(16, 64), dtypes=("float32",),
@@ -144,19 +145,36 @@ def cache_params(dev: DeviceIdentity) -> dict:
 COLD_REPS = 5  # each cold repetition costs a flush of ~100 MB (~10 ms): a fixed few, not a time budget
 
 
-def cold_timing(s: EmbeddingSizes, dev: DeviceIdentity, log=None) -> tuple[TimingSpec, int] | None:
-    """(spec, half the flush size) for the cold timing of every point, or None (GPU, tiny).
-    Inside DLRM the other tables and layers evict a table between two of its lookups
-    (harness/cache_probe.py); the GPU profiles flush their L2 already. On a CPU each cold
-    repetition follows a flush of the measured effective cache; the model blends hot and cold
-    by how much of a graph's tables the cache holds (predict/embedding.py)."""
+def cold_timing(s: EmbeddingSizes, dev: DeviceIdentity, log=None) -> tuple[TimingSpec, int, float] | None:
+    """(spec, half the flush size, seconds one cold timing costs) for the cold timings, or None
+    (GPU, tiny). Inside DLRM the other tables and layers evict a table between two of its
+    lookups (harness/cache_probe.py); the GPU profiles flush their L2 already. On a CPU each
+    cold repetition follows a flush of the measured effective cache; the model blends hot and
+    cold by how much of a graph's tables the cache holds (predict/embedding.py)."""
     if dev.kind == "cuda" or not s.cold:
         return None
-    from pipeline.harness.cache_probe import effective_flush_bytes
+    from pipeline.harness.cache_probe import effective_flush_bytes, flush_seconds
 
     flush = effective_flush_bytes(int(_cpu_llc_bytes() or (dev.l2_bytes or 1 << 20)), log)
     spec = replace(s.timing, flush_l2=True, warmup_s=0.0, budget_s=0.0, min_reps=COLD_REPS, max_reps=COLD_REPS)
-    return spec, flush // 2  # the flusher sweeps twice what it is given
+    # the flusher is filled once and swept before each repetition: COLD_REPS + 1 passes
+    return spec, flush // 2, (COLD_REPS + 1) * flush_seconds(flush)  # it sweeps twice what it is given
+
+
+def cold_subset(todo: list, per_point_s: float, budget_s: float, seed: int = 5) -> set[int]:
+    """Indices of the points timed cold: all of them when their flushes fit `budget_s`, else
+    as many as fit, drawn at random (seeded) from the fitting and the held-out points in
+    proportion, so the cold fit still spans every size. A 1.9 GB flush (a VM that reports its
+    host's 480 MB L3) made the cold half of the quick embedding sweep 7 minutes."""
+    n = len(todo) if per_point_s <= 0 else min(len(todo), int(budget_s / per_point_s))
+    if n >= len(todo):
+        return set(range(len(todo)))
+    rng = np.random.default_rng(seed)
+    held = [i for i, (_, p) in enumerate(todo) if p.held_out]
+    fit = [i for i, (_, p) in enumerate(todo) if not p.held_out]
+    n_held = min(len(held), max(2 if held else 0, round(n * len(held) / len(todo))))
+    n_fit = min(len(fit), max(n - n_held, 2))
+    return set(rng.choice(fit, n_fit, replace=False).tolist()) | set(rng.choice(held, n_held, replace=False).tolist())
 
 
 def _cpu_llc_bytes() -> int | None:
@@ -248,11 +266,16 @@ def sweep_embedding(dev: DeviceIdentity, profile_name, log=None) -> list[dict]:
         group_rows[(dtype, p.D)] = max(group_rows.get((dtype, p.D), 0), p.T * p.E)
     prog = Progress("embedding_samples", len(todo) * len(DIRECTIONS), log)
     states = [(False, s.timing, int(dev.l2_bytes or 0))]  # hot: the call repeated, as before
-    cold = cold_timing(s, dev, prog.log)
+    cold, cold_at = cold_timing(s, dev, prog.log), set()
     if cold is not None:
-        states.append((True, *cold))
+        spec, flush_half, cost_s = cold
+        states.append((True, spec, flush_half))
+        cold_at = cold_subset(todo, cost_s * len(DIRECTIONS), s.cold_budget_s)
+        if len(cold_at) < len(todo):
+            prog.log(f"[embedding_samples] a cold timing costs {cost_s:.2f} s of flushing: {len(cold_at)} of "
+                     f"{len(todo)} points timed cold (cold_budget_s={s.cold_budget_s:.0f})")
     tables, rows, skipped = _Tables(dev.torch_device), [], 0
-    for dtype, p in todo:
+    for i, (dtype, p) in enumerate(todo):
         try:
             weight = tables.get(p.T * p.E, p.D, dtype, group_rows[(dtype, p.D)])
             idx, offsets = _inputs(p, dev.torch_device)
@@ -265,6 +288,8 @@ def sweep_embedding(dev: DeviceIdentity, profile_name, log=None) -> list[dict]:
         for direction in DIRECTIONS:
             plain = float(embedding_traffic(direction, dtype, p.B, p.E, p.T, p.L, p.D)[0])
             for is_cold, timing, flush_half in states:
+                if is_cold and i not in cold_at:
+                    continue
                 try:
                     meas = measure(_callable(direction, weight, idx, offsets), timing, dev.torch_device, flush_half)
                 except torch.OutOfMemoryError:

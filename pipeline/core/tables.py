@@ -22,7 +22,8 @@ from pipeline.core.slugs import check_slug
 
 KEY = {"device": "str", "run_id": "str"}
 MEASURED = {"median_us": "float", "p20_us": "float", "p80_us": "float", "cv": "float", "reps": "int", "noisy": "bool"}
-HARNESS = {"remeasured": "bool", "stalled": "bool", "cpu_util": "float", "timing_method": "str"}  # later: optional
+HARNESS = {"remeasured": "bool", "stalled": "bool", "cpu_util": "float", "timing_method": "str",
+           "faults_per_call": "float"}  # added after the first tables: optional
 TIMES = {"median_us": ">0", "p20_us": ">0", "p80_us": ">0"}
 GEMM = {"op": "str", "dtype": "str", "layout": "str", "batch": "int", "m": "int", "n": "int", "k": "int",
         "kernel": "str", "tile_m": "int", "tile_n": "int", "split_k": "int", "slots": "int", "blocks": "int",
@@ -59,7 +60,7 @@ CONTRACT: dict[str, Table] = {
          "memory_bytes": "int", "l2_bytes": "int", "torch_version": "str", "cuda_version": "str",
          "driver_version": "str", **{f"peak_flops_{dt}": "float" for dt in ("float32", "tf32", "bfloat16", "float16")}},
         {"bandwidth_gbps": ">0?", **{f"peak_flops_{dt}": ">0?" for dt in ("float32", "tf32", "bfloat16", "float16")}}),
-    "gemm_samples": _sample(GEMM, {"grid": "str"}),
+    "gemm_samples": _sample(GEMM, {"grid": "str", "fault_us_per_page": "float"}),
     "utility_samples": _sample({"op": "str", "dtype": "str", "rows": "int", "cols": "int", "shape": "str",
                                 "bytes_read": "float", "bytes_written": "float", "flops": "float", "held_out": "bool"}),
     "attention_samples": _sample({"backend": "str", "dtype": "str", "batch": "int", "heads": "int", "seq_q": "int",

@@ -17,6 +17,8 @@ from typing import Callable
 
 import numpy as np
 
+from pipeline.harness.page_faults import minor_faults
+
 
 STALL_CPU_UTIL = 0.5  # below this the process mostly waited: another process had the cores
 
@@ -58,6 +60,9 @@ class Measurement:
     # is descheduled (the 4-8 ms stalls under co-tenant load): that case still needs an idle
     # machine (the runner warns on a high load average).
     cpu_util: float = float("nan")
+    # CPU only: minor page faults per call over the timed repetitions (a fresh output above the
+    # allocator's mmap threshold faults in every page; harness/page_faults.py)
+    faults_per_call: float = float("nan")
 
     @property
     def stalled(self) -> bool:
@@ -106,6 +111,7 @@ class Measurement:
             "stalled": self.stalled,
             "cpu_util": self.cpu_util,
             "timing_method": self.method,
+            **({"faults_per_call": self.faults_per_call} if math.isfinite(self.faults_per_call) else {}),
         }
 
 
@@ -165,8 +171,27 @@ def _sync_for(device: str) -> Callable[[], None]:
     return lambda: None
 
 
+_FLUSHER: dict[tuple[int, str], _L2Flusher] = {}
+
+
+def _flusher(l2_bytes: int, device: str) -> _L2Flusher:
+    """One flusher kept for the last (size, device) asked for: a fresh 1.9 GB buffer per
+    measurement (the cold embedding timings on a VM that reports a 480 MB L3) cost its page
+    faults each time, more than the flushes themselves."""
+    key = (int(l2_bytes), device)
+    if key not in _FLUSHER:
+        _FLUSHER.clear()  # free the old buffer before the new one is allocated
+        _FLUSHER[key] = _L2Flusher(l2_bytes, device)
+    return _FLUSHER[key]
+
+
+def release_flusher() -> None:
+    """Free the kept flush buffer (a sweep calls this when its flushed timings are done)."""
+    _FLUSHER.clear()
+
+
 def measure_once(fn: Callable[[], object], spec: TimingSpec, device: str = "cpu", l2_bytes: int = 0) -> Measurement:
-    flush = _L2Flusher(l2_bytes, device) if spec.flush_l2 and l2_bytes > 0 else None
+    flush = _flusher(l2_bytes, device) if spec.flush_l2 and l2_bytes > 0 else None
     per_call = _warmup(fn, spec, _sync_for(device))
     if device.startswith("cuda"):
         from pipeline.harness.cuda_timer import TorchCudaBackend, measure_cuda
@@ -174,10 +199,11 @@ def measure_once(fn: Callable[[], object], spec: TimingSpec, device: str = "cpu"
         times, method = measure_cuda(fn, spec, TorchCudaBackend(), flush)
         return Measurement(times_us=times, method=method)
     inner = max(1, int(spec.min_block_s / max(per_call, 1e-9))) if flush is None else 1
-    wall0, cpu0 = time.perf_counter(), time.process_time()
-    times = _time_cpu(fn, _reps_for(spec, per_call * inner), flush, inner)
+    reps = _reps_for(spec, per_call * inner)
+    wall0, cpu0, faults0 = time.perf_counter(), time.process_time(), minor_faults()
+    times = _time_cpu(fn, reps, flush, inner)
     util = (time.process_time() - cpu0) / max(time.perf_counter() - wall0, 1e-9)
-    return Measurement(times_us=times, cpu_util=util)
+    return Measurement(times_us=times, cpu_util=util, faults_per_call=(minor_faults() - faults0) / (reps * inner))
 
 
 def measure(fn: Callable[[], object], spec: TimingSpec, device: str = "cpu", l2_bytes: int = 0) -> Measurement:

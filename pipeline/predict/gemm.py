@@ -18,6 +18,7 @@ from pipeline.core.dtypes import check_dtype, element_bytes
 from pipeline.core.errors import BadShapeError, MissingModelError, check_positive_arrays
 from pipeline.predict.geometry import grid_position
 from pipeline.predict.geometry import waves as count_waves
+from pipeline.predict.page_faults import OutputFaults, without_faults
 from pipeline.predict.selector import KernelSelector
 from pipeline.predict.serialize import DataclassJSON
 from pipeline.core.ops import GEMM_OPS
@@ -240,8 +241,10 @@ class GemmModel:
 
     name = "gemm_model"
 
-    def __init__(self, tables: dict[tuple[str, str, str], GemmTable], selector: KernelSelector):
+    def __init__(self, tables: dict[tuple[str, str, str], GemmTable], selector: KernelSelector,
+                 faults: OutputFaults | None = None):
         self.tables, self.selector = tables, selector
+        self.faults = faults  # CPU: page faults of fresh outputs, charged by output size (page_faults.py)
 
     @staticmethod
     def fit(samples, choices=None) -> "GemmModel":
@@ -252,6 +255,8 @@ class GemmModel:
         every point, so its own rows say nothing about which one the device would pick."""
         if bool(samples["held_out"].any()):
             raise ValueError("GemmModel.fit got held-out rows; fit on training rows only")
+        faults = OutputFaults.fit(samples)
+        samples = without_faults(samples)  # the tables hold the kernels; faults are added by output size
         grid = samples["grid"] if "grid" in samples else pd.Series("waves", index=samples.index)
         is_twin = grid.isin([name.removesuffix("_log") for name in UNALIGNED_GRIDS]).to_numpy()
         is_aspect = (grid == "aspect").to_numpy()
@@ -276,7 +281,7 @@ class GemmModel:
                 own_twins = twins[(twins["op"] == op) & (twins["dtype"] == dtype)]
                 table = table.with_aspect(mine).with_alignment(mine, own_twins)
             tables[(op, dtype, str(kernel))] = table
-        return GemmModel(tables, KernelSelector.fit(selector_labels(samples, choices, tables)))
+        return GemmModel(tables, KernelSelector.fit(selector_labels(samples, choices, tables)), faults)
 
     def check(self, op: str, dtype: str) -> None:
         check_dtype(dtype)
@@ -312,6 +317,9 @@ class GemmModel:
         # Chunks small enough that every temporary stays in cache: ~3x faster on 10M shapes.
         for lo in range(0, out.size, CHUNK):
             out[lo:lo + CHUNK] = self._predict_chunk(op, dtype, tables, [a[lo:lo + CHUNK] for a in flat])
+        if self.faults is not None:
+            m_, n_, _, b_ = flat
+            out += self.faults.fault_us(b_ * m_.astype(float) * n_ * element_bytes(dtype))
         return out.reshape(arrs[0].shape)
 
     def _predict_chunk(self, op, dtype, tables, arrs) -> np.ndarray:
@@ -348,10 +356,14 @@ class GemmModel:
         return w_ratio, k_ratio
 
     def to_dict(self) -> dict:
-        return {"kind": "gemm_model", "tables": [t.to_dict() for t in self.tables.values()],
-                "selector": self.selector.to_dict()}
+        d = {"kind": "gemm_model", "tables": [t.to_dict() for t in self.tables.values()],
+             "selector": self.selector.to_dict()}
+        if self.faults is not None:  # a model without fault counts saves as it always did
+            d["output_faults"] = self.faults.to_dict()
+        return d
 
     @classmethod
     def from_dict(cls, d: dict) -> "GemmModel":
         tables = [GemmTable.from_dict(t) for t in d["tables"]]
-        return cls({(t.op, t.dtype, t.kernel): t for t in tables}, KernelSelector.from_dict(d["selector"]))
+        faults = OutputFaults.from_dict(d["output_faults"]) if d.get("output_faults") else None
+        return cls({(t.op, t.dtype, t.kernel): t for t in tables}, KernelSelector.from_dict(d["selector"]), faults)

@@ -30,7 +30,7 @@ from pipeline.device.discover import DeviceIdentity
 from pipeline.core.dtypes import element_bytes
 from pipeline.harness.dtypes import torch_dtype
 from pipeline.harness.progress import Progress
-from pipeline.harness.timer import TimingSpec, measure
+from pipeline.harness.timer import TimingSpec, measure, release_flusher
 from pipeline.predict.embedding import (DEFAULT_ROWS_PER_BLOCK, INDEX_BYTES, embedding_traffic)
 from pipeline.sweeps.profiles import GPU_FULL_TIMING, GPU_QUICK_TIMING, get_profile
 
@@ -305,6 +305,7 @@ def sweep_embedding(dev: DeviceIdentity, profile_name, log=None) -> list[dict]:
                 })
             prog.step(f"{direction} {dtype} B={p.B} E={p.E} T={p.T} L={p.L} D={p.D}")
     tables.buf = None
+    release_flusher()
     if skipped:
         prog.log(f"[embedding_samples] {skipped} (direction, shape) points ran out of device memory: not recorded")
     return rows

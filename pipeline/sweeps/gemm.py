@@ -13,6 +13,7 @@ from pipeline.device.discover import DeviceIdentity
 from pipeline.core.dtypes import dtypes_for
 from pipeline.harness.dtypes import torch_dtype
 from pipeline.harness.order import interleaved
+from pipeline.harness.page_faults import fault_us_per_page
 from pipeline.harness.progress import Progress
 from pipeline.harness.stalls import remeasure_stalled
 from pipeline.harness.timer import measure
@@ -203,6 +204,11 @@ def sweep_points(dev: DeviceIdentity, profile: Profile,
 
 def sweep_gemm(dev: DeviceIdentity, profile: Profile, log=None) -> list[dict]:
     tiles = cpu_tiles(dev, profile, log) if dev.kind == "cpu" else {}
+    faults = {}
+    if dev.kind == "cpu":  # each row's faults are counted; what one costs is measured once
+        faults = {"fault_us_per_page": fault_us_per_page()}
+        if log:
+            log(f"page faults: a fresh page costs {faults['fault_us_per_page']:.2f} us to fault in")
     pts = sweep_points(dev, profile, tiles)
     slots = slots_for(dev)
 
@@ -224,7 +230,7 @@ def sweep_gemm(dev: DeviceIdentity, profile: Profile, log=None) -> list[dict]:
             "kernel": kernel, "tile_m": tm, "tile_n": tn, "split_k": 1 if dev.kind == "cpu" else None, "slots": slots,
             "blocks": int(blocks(p.m, p.n, p.batch, tm, tn)), "waves": int(waves(p.m, p.n, p.batch, tm, tn, slots)),
             "flops": 2 * p.batch * p.m * p.n * p.k, "held_out": p.held_out, "grid": p.grid,
-            **meas.row(profile.gemm_timing.cv_threshold),
+            **meas.row(profile.gemm_timing.cv_threshold), **faults,
         }
         prog.step(f"{p.op} {p.dtype} b={p.batch} {p.m}x{p.n}x{p.k}")
     remeasure_stalled(rows, [lambda p=p: make(p) for p in pts], profile.gemm_timing, dev.torch_device,

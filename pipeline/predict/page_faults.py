@@ -1,0 +1,77 @@
+"""Page faults of a GEMM's fresh output, fitted from the sweep's own counts (no torch).
+
+A CPU GEMM that allocates its output above the allocator's mmap threshold faults in every
+page of it on every call (harness/page_faults.py); below it the allocator reuses memory and
+little faults. The GEMM sweep counts each row's faults per call and measures what one fault
+costs; the GEMM model fits its tables on the time without them (`without_faults`) and adds
+them back by output size (`OutputFaults.fault_us`), so a whole-wave cell whose output was
+faulted in (4096 x 8192 float32, 128 MB: ~30 ms at every K from 1 to 32 on the Xeon VM) no
+longer prices its neighbours' outputs, which the allocator reuses, as if they faulted too.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from pipeline.core.dtypes import element_bytes
+from pipeline.predict.serialize import DataclassJSON
+
+PAGE_BYTES = 4096
+COLUMNS = ("faults_per_call", "fault_us_per_page")
+MIN_COMPUTE_SHARE = 0.05  # a row whose counted faults would leave less keeps this share: a miscount, not a kernel
+
+
+def output_bytes(rows: pd.DataFrame) -> np.ndarray:
+    eb = rows["dtype"].map(element_bytes).to_numpy(float)
+    return rows["batch"].to_numpy(float) * rows["m"].to_numpy(float) * rows["n"].to_numpy(float) * eb
+
+
+def has_counts(rows: pd.DataFrame) -> bool:
+    return all(c in rows for c in COLUMNS) and bool(rows[list(COLUMNS)].notna().all(axis=1).any())
+
+
+def without_faults(rows: pd.DataFrame) -> pd.DataFrame:
+    """The rows with each one's counted faults taken off its times (rows without counts as they are)."""
+    if not has_counts(rows):
+        return rows
+    fault_us = (rows["faults_per_call"] * rows["fault_us_per_page"]).fillna(0.0).clip(lower=0.0)
+    out = rows.copy()
+    for col in ("median_us", "p20_us", "p80_us"):
+        if col in out:
+            out[col] = np.maximum(out[col] - fault_us, MIN_COMPUTE_SHARE * out[col])
+    return out
+
+
+@dataclass
+class OutputFaults(DataclassJSON):
+    us_per_page: float
+    log2_bytes: np.ndarray  # (B,) floor(log2(output bytes)) of the measured rows, ascending
+    fraction: np.ndarray  # (B,) median share of the output's pages faulted per call there
+
+    def __post_init__(self):
+        self.log2_bytes = np.asarray(self.log2_bytes, float)
+        self.fraction = np.asarray(self.fraction, float)
+
+    @staticmethod
+    def fit(rows: pd.DataFrame) -> "OutputFaults | None":
+        """From gemm_samples rows with fault counts; None without counts or when a fault costs nothing."""
+        if not has_counts(rows):
+            return None
+        rows = rows.dropna(subset=list(COLUMNS))
+        us = float(rows["fault_us_per_page"].median())
+        if not us > 0:
+            return None
+        nbytes = output_bytes(rows)
+        share = np.clip(rows["faults_per_call"].to_numpy(float) / np.ceil(nbytes / PAGE_BYTES), 0.0, 1.0)
+        per_bin = pd.Series(share).groupby(np.floor(np.log2(nbytes))).median().sort_index()
+        return OutputFaults(us, per_bin.index.to_numpy(float), per_bin.to_numpy(float))
+
+    def fault_us(self, nbytes) -> np.ndarray:
+        """Microseconds of faults for outputs of `nbytes`: the share measured in the size class at
+        or below (a step, as the allocator's threshold is; the smallest class below all of them)."""
+        nbytes = np.asarray(nbytes, float)
+        at = np.searchsorted(self.log2_bytes, np.floor(np.log2(np.maximum(nbytes, 1.0))), side="right") - 1
+        share = self.fraction[np.clip(at, 0, self.fraction.size - 1)]
+        return share * np.ceil(nbytes / PAGE_BYTES) * self.us_per_page

@@ -1,0 +1,70 @@
+"""Fresh-output page faults: counted per call by the harness, costed by a probe, taken off the
+GEMM tables and charged back by output size (harness/page_faults.py, predict/page_faults.py)."""
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from pipeline.harness.page_faults import fault_us_per_page, minor_faults
+from pipeline.harness.timer import TimingSpec, measure
+from pipeline.predict.gemm import GemmModel
+from pipeline.predict.page_faults import PAGE_BYTES, OutputFaults, without_faults
+
+US_PER_PAGE = 1.0
+
+
+def _rows(faulting_from_bytes: float) -> pd.DataFrame:
+    """A whole-wave grid on 2 slots whose kernel runs 1 FLOP/ps, plus the faults of every output
+    at or above `faulting_from_bytes` (1 us per 4 KiB page), as the sweep would count them."""
+    rows = []
+    for w, (m, n) in enumerate(((64, 64), (256, 256), (1024, 1024), (4096, 4096)), start=1):
+        for k in (32, 64, 128):
+            out = m * n * 4
+            pages = np.ceil(out / PAGE_BYTES)
+            faults = pages if out >= faulting_from_bytes else 0.0
+            rows.append(dict(op="mm", dtype="float32", kernel="cpu", tile_m=1, tile_n=1, slots=2, batch=1, m=m, n=n,
+                             k=k, waves=m * n // 2, median_us=2.0 * m * n * k / 1e6 + faults * US_PER_PAGE,
+                             p20_us=2.0 * m * n * k / 1e6 + faults * US_PER_PAGE,
+                             p80_us=2.0 * m * n * k / 1e6 + faults * US_PER_PAGE, held_out=False,
+                             faults_per_call=faults, fault_us_per_page=US_PER_PAGE))
+    return pd.DataFrame(rows)
+
+
+def test_faults_are_taken_off_the_tables_and_charged_by_output_size():
+    rows = _rows(faulting_from_bytes=32 << 20)  # only the 64 MB outputs fault
+    model = GemmModel.fit(rows)
+    compute = lambda m, n, k: 2.0 * m * n * k / 1e6  # noqa: E731
+    # a 4 MB output (1024 x 1024) is the kernel alone; a 64 MB one pays 16384 pages
+    assert model.predict("mm", "float32", 1024, 1024, 64) == pytest.approx(compute(1024, 1024, 64), rel=1e-6)
+    assert model.predict("mm", "float32", 4096, 4096, 64) == pytest.approx(compute(4096, 4096, 64) + 16384, rel=1e-6)
+    # between the grid's outputs the table interpolates the kernel only: a 16 MB output (2048^2,
+    # in the class of the 4 MB ones, which did not fault) is not charged the big cell's faults
+    mid = float(model.predict("mm", "float32", 2048, 2048, 64))
+    assert mid == pytest.approx(compute(2048, 2048, 64), rel=0.05)
+    # saved and loaded, the same
+    again = GemmModel.from_dict(model.to_dict())
+    assert again.predict("mm", "float32", 4096, 4096, 64) == pytest.approx(model.predict("mm", "float32", 4096, 4096, 64))
+
+
+def test_rows_without_counts_fit_as_before():
+    rows = _rows(faulting_from_bytes=np.inf).drop(columns=["faults_per_call", "fault_us_per_page"])
+    model = GemmModel.fit(rows)
+    assert model.faults is None and "output_faults" not in model.to_dict()
+    assert without_faults(rows) is rows
+    assert OutputFaults.fit(rows.assign(faults_per_call=3.0, fault_us_per_page=0.0)) is None  # free faults: none
+
+
+def test_a_miscount_never_leaves_a_negative_kernel():
+    rows = _rows(faulting_from_bytes=0).assign(faults_per_call=1e9)
+    assert (without_faults(rows)["median_us"] > 0).all()
+
+
+def test_the_harness_counts_the_faults_of_a_fresh_output():
+    n = (64 << 20) // 4  # 64 MB: above glibc's mmap threshold, a fresh mapping per call
+    fresh = measure(lambda: torch.empty(n).fill_(1.0), TimingSpec(warmup_s=0.0, budget_s=0.0, min_reps=3, max_reps=3))
+    kept_buf = torch.empty(n)
+    kept = measure(lambda: kept_buf.fill_(1.0), TimingSpec(warmup_s=0.0, budget_s=0.0, min_reps=3, max_reps=3))
+    pages = n * 4 / PAGE_BYTES
+    assert fresh.faults_per_call > 0.5 * pages and kept.faults_per_call < 0.01 * pages
+    assert fresh.row()["faults_per_call"] == fresh.faults_per_call
+    assert minor_faults() > 0 and fault_us_per_page(8 << 20, reps=3) >= 0.0

@@ -1,5 +1,6 @@
 """The PM2Lat interpolation and wave arithmetic against hand-computed values."""
 import json
+from dataclasses import replace
 import numpy as np
 import pandas as pd
 import pytest
@@ -307,3 +308,24 @@ def test_the_cpu_sweep_has_unaligned_twins_of_the_aspect_cells(cpu):
     twins_k = {(p.op, p.dtype, p.m, p.n, p.k - 1) for p in pts if p.grid == "unaligned_k"}
     assert cells and cells <= twins_n and cells <= twins_k
     assert not any(p.grid.startswith("unaligned") for p in pts if p.op == "bmm")
+
+
+def test_the_aspect_correction_follows_k(synthetic_gemm_model):
+    """A made-up CPU where M = 1 shapes run as the table says at K = 32 and 4x slower at K = 128:
+    the correction is per K of the aspect grid, linear in log2 K between them, held beyond."""
+    table = synthetic_gemm_model.table("mm", "float32")
+    sides = [1, 4, 16, 64]
+    shapes = pd.DataFrame([dict(m=m, n=n, k=k, batch=1) for m in sides for n in sides for k in (32, 128)])
+    base = table.predict_us(shapes["m"], shapes["n"], shapes["k"], shapes["batch"])
+    slow = np.where((shapes["m"] == 1) & (shapes["k"] == 128), 4.0, 1.0)
+    fixed = table.with_aspect(shapes.assign(median_us=base * slow))
+    assert fixed.aspect_log.shape == (4, 4, 2)
+    factor = lambda k: float(fixed.aspect_factor(1, 64, k))  # noqa: E731
+    assert factor(32) == pytest.approx(1.0) and factor(128) == pytest.approx(4.0)
+    assert factor(64) == pytest.approx(2.0) and factor(16) == pytest.approx(1.0) and factor(512) == pytest.approx(4.0)
+    assert float(fixed.aspect_factor(16, 16, 128)) == pytest.approx(1.0)
+    again = GemmTable.from_dict(json.loads(json.dumps(fixed.to_dict())))
+    assert float(again.aspect_factor(1, 64, 64)) == pytest.approx(2.0)
+    # a table saved with one correction over all K (before aspect_k) loads and prices as it did
+    flat = replace(fixed, aspect_log=np.log(np.full((4, 4), 2.0)), aspect_k=None)
+    assert float(GemmTable.from_dict(json.loads(json.dumps(flat.to_dict()))).aspect_factor(1, 64, 64)) == pytest.approx(2.0)

@@ -40,7 +40,11 @@ class GemmTable(DataclassJSON):
     # aspect grid's median over its K values; None where no aspect grid was measured (GPUs)
     aspect_m: np.ndarray | None = None
     aspect_n: np.ndarray | None = None
-    aspect_log: np.ndarray | None = None
+    aspect_log: np.ndarray | None = None  # (M x N), or (M x N x K) with aspect_k
+    # CPU: the aspect grid's K values, one correction each (interpolated in log2 K): skinny shapes
+    # lose throughput with K where near-square ones gain it (Xeon VM, linear float32 64 x 4096:
+    # 0.31 TFLOP/s at K = 256, 0.25 at K = 1024), which one median over K cannot follow
+    aspect_k: np.ndarray | None = None
     # CPU: log of how much longer a shape runs when its N (resp. K) does not fill whole cache
     # lines, over the same (M x N) lattice, measured by twins one element off (sweeps/gemm.py)
     unaligned_n_log: np.ndarray | None = None
@@ -73,7 +77,7 @@ class GemmTable(DataclassJSON):
         w = np.maximum(count_waves(m, n, batch, self.tile_m, self.tile_n, self.slots, self.split_k), self.waves[0])
         kk = np.maximum(np.asarray(k, dtype=float), self.ks[0])
         padded_flops = (2.0 * self.slots * self.tile_m * self.tile_n / self.split_k) * w * kk
-        return padded_flops / self.throughput(w, kk) * self.aspect_factor(m, n) * self.alignment_factor(m, n, k)
+        return padded_flops / self.throughput(w, kk) * self.aspect_factor(m, n, k) * self.alignment_factor(m, n, k)
 
     def _on_lattice(self, g: np.ndarray, m, n) -> np.ndarray:
         """Bilinear in (log2 M, log2 N) over the aspect lattice, held at its edges."""
@@ -83,12 +87,22 @@ class GemmTable(DataclassJSON):
         hi = g[im1, jn] * (1 - fn) + g[im1, jn1] * fn
         return lo * (1 - fm) + hi * fm
 
-    def aspect_factor(self, m, n) -> np.ndarray | float:
+    def aspect_factor(self, m, n, k=None) -> np.ndarray | float:
         """How much slower (> 1) or faster a shape runs than the near-square one of the same
-        output size the whole-wave table holds; 1 without an aspect grid."""
+        output size the whole-wave table holds; 1 without an aspect grid. With a correction per
+        K: linear in log2 K between the grid's K values, held beyond them (k None: their median)."""
         if self.aspect_log is None:
             return 1.0
-        return np.exp(self._on_lattice(self.aspect_log, m, n))
+        if self.aspect_log.ndim == 2:
+            return np.exp(self._on_lattice(self.aspect_log, m, n))
+        per_k = np.stack([self._on_lattice(self.aspect_log[..., i], m, n) for i in range(self.aspect_k.size)], -1)
+        if k is None:
+            return np.exp(np.median(per_k, axis=-1))
+        k = np.broadcast_to(np.asarray(k, float), per_k.shape[:-1])
+        ik, fk, ik1 = grid_position(np.log2(self.aspect_k), np.log2(k))
+        lo = np.take_along_axis(per_k, ik[..., None], -1)[..., 0]
+        hi = np.take_along_axis(per_k, ik1[..., None], -1)[..., 0]
+        return np.exp(lo * (1 - fk) + hi * fk)
 
     def alignment_factor(self, m, n, k) -> np.ndarray | float:
         """How much longer a shape whose N or K rows end mid cache line runs than an aligned
@@ -101,19 +115,28 @@ class GemmTable(DataclassJSON):
 
     def with_aspect(self, rows: pd.DataFrame) -> "GemmTable":
         """This table with its aspect correction fitted on `rows` (the aspect grid of its kernel):
-        per (M, N), the median over K of log(measured / what the table alone predicts), taken
-        relative to the most square cell of the same output size."""
+        per (M, N) and per K of the grid, log(measured / what the table alone predicts), taken
+        relative to the most square cell of the same output size at that K."""
         base = self.predict_us(rows["m"].to_numpy(), rows["n"].to_numpy(), rows["k"].to_numpy(),
                                rows["batch"].to_numpy())
         ratio = rows.assign(log_ratio=np.log(rows["median_us"].to_numpy(float) / base))
-        grid = ratio.pivot_table(index="m", columns="n", values="log_ratio", aggfunc="median")
-        grid = grid.sort_index().sort_index(axis=1)
-        rel = pd.DataFrame(relative_to_square(grid, self.tile_m, self.tile_n))
-        # a cell the FLOP cap skipped holds its row's nearest measured N (the rows' effect
-        # is what varies most: few rows spread the packing of B over little work)
-        rel = rel.ffill(axis=1).bfill(axis=1).fillna(0.0)
-        return replace(self, aspect_m=grid.index.to_numpy(float), aspect_n=grid.columns.to_numpy(float),
-                       aspect_log=rel.to_numpy(float))
+        ms, ns, ks = (np.sort(ratio[c].unique()).astype(float) for c in ("m", "n", "k"))
+        slices = []
+        for k in ks:
+            grid = ratio[ratio["k"] == k].pivot_table(index="m", columns="n", values="log_ratio", aggfunc="median")
+            grid = grid.reindex(index=ms, columns=ns)
+            # a cell the FLOP cap skipped holds its row's nearest measured N (the rows' effect
+            # is what varies most: few rows spread the packing of B over little work)
+            slices.append(pd.DataFrame(relative_to_square(grid, self.tile_m, self.tile_n)).ffill(axis=1).bfill(axis=1)
+                          .to_numpy(float))
+        cube = np.stack(slices, axis=-1)
+        known = ~np.isnan(cube)
+        # a cell no K measured: 0; one some K measured: those K's median for the others
+        some = known.any(-1)
+        fill = np.zeros(cube.shape[:-1])
+        fill[some] = np.nanmedian(cube[some], axis=-1)
+        cube = np.where(known, cube, fill[..., None])
+        return replace(self, aspect_m=ms, aspect_n=ns, aspect_log=cube, aspect_k=ks)
 
     def with_alignment(self, base: pd.DataFrame, twins: pd.DataFrame) -> "GemmTable":
         """This table with its unaligned-N and -K corrections: per aspect cell (M, N), the median
@@ -157,7 +180,7 @@ def neighbourhood_median(cells: np.ndarray) -> np.ndarray:
 # x86-64 and of most ARM server cores. What misalignment costs is measured (the twins), not assumed.
 LINE_BYTES = 64
 UNALIGNED_GRIDS = {"unaligned_n_log": "n", "unaligned_k_log": "k"}
-_GRIDS = ("aspect_m", "aspect_n", "aspect_log", *UNALIGNED_GRIDS)
+_GRIDS = ("aspect_m", "aspect_n", "aspect_log", "aspect_k", *UNALIGNED_GRIDS)
 
 
 def is_aligned(dim, dtype: str) -> np.ndarray:

@@ -90,11 +90,9 @@ def cmd_advise(args) -> int:
     import pandas as pd
 
     from pipeline.analysis import advice
-    from pipeline.core.config import model_store_root
     from pipeline.core.dtypes import check_dtype
     from pipeline.core.errors import check_dims
     from pipeline.predict import advise as adv
-    from pipeline.predict import store
     from pipeline.predict.lm_shape import from_hf_config
 
     # everything cheap is refused before models load
@@ -108,8 +106,11 @@ def cmd_advise(args) -> int:
     other = _other(args.against) if args.against else None
     other_shape = from_hf_config(other[1], other[0]) if other else None
     device = _device(args.device)
-    gemm = store.load(model_store_root(), device, "gemm_model")
-    utility = store.load(model_store_root(), device, "utility_model")
+    from pipeline.cli.predict import champion_model, say_fallbacks
+
+    # the registry's champions, as devchar predict and plan use (else the store's latest passing)
+    gemm, utility = champion_model(device, "gemm_model"), champion_model(device, "utility_model")
+    say_fallbacks()
 
     _, table, rows = advice.advise_model(name, config, gemm, utility, dtype, args.batch, args.seq, args.tolerance,
                                          proposals, dims, args.rank)

@@ -255,14 +255,14 @@ def cmd_bench_predict(args) -> int:
 
 
 def cmd_predict_grid(args) -> int:
-    from pipeline.core.config import model_store_root
     from pipeline.analysis.grid_cache import TABLE, LayerGrid, write_grid
-    from pipeline.predict import store
+    from pipeline.cli.predict import champion_model, say_fallbacks
 
     device = local_slug(args.device)
     grid = LayerGrid(tuple(int(f) for f in args.features.split(",")) if args.features else LayerGrid.features,
                      args.batch_max, args.seq_min, args.seq_max, args.seq_step)
-    gemm = store.load(model_store_root(), device, "gemm_model")
+    gemm = champion_model(device, "gemm_model")
+    say_fallbacks()
     print(f"predict-grid: {grid.rows:,} {args.op} {args.dtype} shapes for {device} -> {TABLE}", flush=True)
     with warehouse().connect() as con:
         rows, secs = write_grid(con, gemm, device, grid, args.op, args.dtype)

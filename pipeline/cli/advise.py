@@ -90,6 +90,7 @@ def cmd_advise(args) -> int:
     import pandas as pd
 
     from pipeline.analysis import advice
+    from pipeline.cli.predict import champion_model, say_fallbacks
     from pipeline.core.dtypes import check_dtype
     from pipeline.core.errors import check_dims
     from pipeline.predict import advise as adv
@@ -106,8 +107,6 @@ def cmd_advise(args) -> int:
     other = _other(args.against) if args.against else None
     other_shape = from_hf_config(other[1], other[0]) if other else None
     device = _device(args.device)
-    from pipeline.cli.predict import champion_model, say_fallbacks
-
     # the registry's champions, as devchar predict and plan use (else the store's latest passing)
     gemm, utility = champion_model(device, "gemm_model"), champion_model(device, "utility_model")
     say_fallbacks()

@@ -81,9 +81,8 @@ def effective_flush_bytes(reported_llc: int, log=None, gather_us=_cold_gather_us
     return size
 
 
-def flush_seconds(nbytes: int, reps: int = 3) -> float:
-    """Median time of one flush of `nbytes` (what each cold repetition adds to a sweep)."""
-    flush = cpu_flush(nbytes)
+def flush_seconds(flush, reps: int = 3) -> float:
+    """Median time of one call of `flush` (what each cold repetition adds to a sweep)."""
     flush()
     times = []
     for _ in range(reps):

@@ -174,7 +174,7 @@ def _sync_for(device: str) -> Callable[[], None]:
 _FLUSHER: dict[tuple[int, str], _L2Flusher] = {}
 
 
-def _flusher(l2_bytes: int, device: str) -> _L2Flusher:
+def kept_flusher(l2_bytes: int, device: str) -> _L2Flusher:
     """One flusher kept for the last (size, device) asked for: a fresh 1.9 GB buffer per
     measurement (the cold embedding timings on a VM that reports a 480 MB L3) cost its page
     faults each time, more than the flushes themselves."""
@@ -191,7 +191,7 @@ def release_flusher() -> None:
 
 
 def measure_once(fn: Callable[[], object], spec: TimingSpec, device: str = "cpu", l2_bytes: int = 0) -> Measurement:
-    flush = _flusher(l2_bytes, device) if spec.flush_l2 and l2_bytes > 0 else None
+    flush = kept_flusher(l2_bytes, device) if spec.flush_l2 and l2_bytes > 0 else None
     per_call = _warmup(fn, spec, _sync_for(device))
     if device.startswith("cuda"):
         from pipeline.harness.cuda_timer import TorchCudaBackend, measure_cuda

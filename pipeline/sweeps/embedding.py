@@ -30,7 +30,7 @@ from pipeline.device.discover import DeviceIdentity
 from pipeline.core.dtypes import element_bytes
 from pipeline.harness.dtypes import torch_dtype
 from pipeline.harness.progress import Progress
-from pipeline.harness.timer import TimingSpec, measure, release_flusher
+from pipeline.harness.timer import TimingSpec, kept_flusher, measure, release_flusher
 from pipeline.predict.embedding import (DEFAULT_ROWS_PER_BLOCK, INDEX_BYTES, embedding_traffic)
 from pipeline.sweeps.profiles import GPU_FULL_TIMING, GPU_QUICK_TIMING, get_profile
 
@@ -155,10 +155,11 @@ def cold_timing(s: EmbeddingSizes, dev: DeviceIdentity, log=None) -> tuple[Timin
         return None
     from pipeline.harness.cache_probe import effective_flush_bytes, flush_seconds
 
-    flush = effective_flush_bytes(int(_cpu_llc_bytes() or (dev.l2_bytes or 1 << 20)), log)
+    half = effective_flush_bytes(int(_cpu_llc_bytes() or (dev.l2_bytes or 1 << 20)), log) // 2  # swept twice
     spec = replace(s.timing, flush_l2=True, warmup_s=0.0, budget_s=0.0, min_reps=COLD_REPS, max_reps=COLD_REPS)
-    # the flusher is filled once and swept before each repetition: COLD_REPS + 1 passes
-    return spec, flush // 2, (COLD_REPS + 1) * flush_seconds(flush)  # it sweeps twice what it is given
+    # timed on the flusher the cold timings will keep using (one buffer, allocated once); the
+    # flusher is swept before each repetition, plus one pass: COLD_REPS + 1 passes
+    return spec, half, (COLD_REPS + 1) * flush_seconds(kept_flusher(half, dev.torch_device))
 
 
 def cold_subset(todo: list, per_point_s: float, budget_s: float, seed: int = 5) -> set[int]:

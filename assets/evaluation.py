@@ -17,7 +17,8 @@ from pipeline.orchestration.partitions import devices
 from pipeline.analysis.plots import error_distribution_plot, worst_per_bin_plot
 from pipeline.predict.baselines import BASELINES
 from pipeline.predict.compare import DevcharPair, error_distribution, held_out_predictions, table_ii, worst_per_bin
-from pipeline.predict.evaluate import attention_predictions, embedding_predictions, memory_predictions
+from pipeline.predict.evaluate import attention_predictions, embedding_predictions, gemm_predictions, memory_predictions
+from pipeline.predict.gemm import COLD_GRIDS, hot_rows
 from pipeline.predict.selector import selection_accuracy
 from pipeline.predict.store import new_version
 from resources.devices import DeviceRunner
@@ -27,7 +28,7 @@ from resources.warehouse import DuckDBWarehouse
 
 
 def _held(warehouse: DuckDBWarehouse, device: str) -> tuple[pd.DataFrame, pd.DataFrame]:
-    return (warehouse.device_rows("gemm_samples", device, "held_out"),
+    return (hot_rows(warehouse.device_rows("gemm_samples", device, "held_out")),
             warehouse.device_rows("utility_samples", device, "held_out"))
 
 
@@ -37,7 +38,7 @@ def mlp_baselines(context: dg.AssetExecutionContext, warehouse: DuckDBWarehouse,
                   model_store: ModelStore, device_runner: DeviceRunner) -> dg.MaterializeResult:
     """Roofline, NeuSight-style MLP and Lin et al.'s grid-searched MLP, fitted on the same training rows."""
     device = context.partition_key
-    gemm = warehouse.device_rows("gemm_samples", device, "NOT held_out")
+    gemm = hot_rows(warehouse.device_rows("gemm_samples", device, "NOT held_out"))
     util = warehouse.device_rows("utility_samples", device, "NOT held_out")
     spec = warehouse.device_rows("devices", device).iloc[0].to_dict()
     grid = "full" if device_runner.profile == "full" else "reduced"
@@ -79,8 +80,13 @@ def model_evaluation(context: dg.AssetExecutionContext, warehouse: DuckDBWarehou
                                 warehouse.device_rows("embedding_samples", device, "held_out"))
     mem = memory_predictions(model_store.load(device, "memory_model"),
                              warehouse.device_rows("memory_samples", device, "held_out"))
+    # CPU: held-out GEMMs timed with their weights rotated through memory, priced cold ("Linear cold")
+    held = warehouse.device_rows("gemm_samples", device, "held_out")
+    cold = held[held["grid"].isin(COLD_GRIDS)] if "grid" in held else held.iloc[:0]
+    cold = gemm_predictions(gemm, cold).assign(model="devchar", domain=lambda d: d["flops"]) if len(cold) else None
     pred = pd.concat([pred, attn.assign(model="devchar", domain=attn["flops"])[pred.columns],
-                      *(d.assign(model="devchar", domain=d["bytes"])[pred.columns] for d in (emb, mem))],
+                      *(d.assign(model="devchar", domain=d["bytes"])[pred.columns] for d in (emb, mem)),
+                      *([cold[pred.columns]] if cold is not None else [])],
                      ignore_index=True)
     errors = table_ii(pred).assign(device=device, run_id=context.run.run_id[:12])
     written = warehouse.replace_partition("model_errors", device, errors, scope="model")

@@ -34,7 +34,7 @@ from pipeline.analysis.quality import Gates
 
 # table -> (the column naming the kind of op, the columns that identify one measured point)
 DRIFT_KEYS: dict[str, tuple[str, list[str]]] = {
-    "gemm_samples": ("op", ["op", "dtype", "layout", "batch", "m", "n", "k"]),
+    "gemm_samples": ("op", ["op", "dtype", "layout", "batch", "m", "n", "k", "grid"]),
     "utility_samples": ("op", ["op", "dtype", "rows", "cols", "shape"]),
     "attention_samples": ("backend", ["backend", "dtype", "batch", "heads", "seq_q", "seq_kv", "head_dim", "causal"]),
     "embedding_samples": ("direction", ["direction", "dtype", "B", "E", "T", "L", "D", "cold"]),
@@ -42,7 +42,7 @@ DRIFT_KEYS: dict[str, tuple[str, list[str]]] = {
 }
 # Optional key columns and the value a row written before the column existed stands for
 # (embedding rows before cold timings were all hot).
-KEY_DEFAULTS = {"cold": False}
+KEY_DEFAULTS = {"cold": False, "grid": "waves"}
 MIN_TABLES_MOVED = 2  # sample tables flagged in one run for the device as a whole to count as changed
 
 ALL = "all"  # op and dtype of the row that pools every point of a table

@@ -60,7 +60,7 @@ CONTRACT: dict[str, Table] = {
          "memory_bytes": "int", "l2_bytes": "int", "torch_version": "str", "cuda_version": "str",
          "driver_version": "str", **{f"peak_flops_{dt}": "float" for dt in ("float32", "tf32", "bfloat16", "float16")}},
         {"bandwidth_gbps": ">0?", **{f"peak_flops_{dt}": ">0?" for dt in ("float32", "tf32", "bfloat16", "float16")}}),
-    "gemm_samples": _sample(GEMM, {"grid": "str", "fault_us_per_page": "float"}),
+    "gemm_samples": _sample(GEMM, {"grid": "str", "fault_us_per_page": "float", "weight_cache_bytes": "float"}),
     "utility_samples": _sample({"op": "str", "dtype": "str", "rows": "int", "cols": "int", "shape": "str",
                                 "bytes_read": "float", "bytes_written": "float", "flops": "float", "held_out": "bool"}),
     "attention_samples": _sample({"backend": "str", "dtype": "str", "batch": "int", "heads": "int", "seq_q": "int",

@@ -12,6 +12,7 @@ of the slowest seen.
 """
 from __future__ import annotations
 
+import os
 import time
 
 import numpy as np
@@ -46,6 +47,26 @@ def _cold_gather_us(flush_bytes: int, reps: int = 9) -> float:
             F.embedding_bag(idx, table, offsets, mode="sum")
             times.append((time.perf_counter_ns() - t0) / 1e3)
     return float(np.median(times))
+
+
+def cpu_llc_bytes() -> int | None:
+    """Size of the highest-level data/unified cache of cpu0, from sysfs (None when unreadable)."""
+    path = "/sys/devices/system/cpu/cpu0/cache"
+    best = (0, 0)
+    try:
+        for idx in (i for i in os.listdir(path) if i.startswith("index")):
+            with open(f"{path}/{idx}/type") as f:
+                if f.read().strip() == "Instruction":
+                    continue
+            with open(f"{path}/{idx}/level") as f:
+                level = int(f.read().strip())
+            with open(f"{path}/{idx}/size") as f:
+                size = f.read().strip().upper()
+            mult = {"K": 1024, "M": 1024**2, "G": 1024**3}.get(size[-1], 1)
+            best = max(best, (level, int(size.rstrip("KMG")) * mult))
+    except (OSError, ValueError):
+        return None
+    return best[1] or None
 
 
 def available_bytes() -> int | None:

@@ -1,11 +1,12 @@
 """Held-out evaluation: predictions beside measurements, and PM2Lat Table II style summaries."""
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 
 from pipeline.predict.attention import AttentionModel
 from pipeline.predict.embedding import predict_rows
-from pipeline.predict.gemm import GemmModel
+from pipeline.predict.gemm import COLD_GRIDS, GemmModel
 from pipeline.predict.metrics import rel_err, summarize
 from pipeline.predict.utility import UtilityModel
 
@@ -17,13 +18,22 @@ def layer_type(op: str) -> str:
     return GEMM_LAYER.get(op, "Softmax" if op == "softmax" else "Vector")
 
 
+COLD_SUFFIX = " cold"  # op and layer type of the held-out shapes timed with rotated weights
+
+
 def gemm_predictions(model: GemmModel, samples: pd.DataFrame) -> pd.DataFrame:
+    """Held-out GEMM rows with predicted_us. Rows timed with their weights rotated through
+    memory (grid cold_heldout, CPU) are priced wholly cold and reported as their own op
+    ("linear cold", layer type "Linear cold"), apart from the hot ones PM2Lat's Table II holds."""
+    cold = samples["grid"].isin(COLD_GRIDS).to_numpy() if "grid" in samples else np.zeros(len(samples), bool)
     out = []
-    for (op, dtype), g in samples.groupby(["op", "dtype"]):
+    for (op, dtype, is_cold), g in samples.assign(_cold=cold).groupby(["op", "dtype", "_cold"]):
         g = g.assign(predicted_us=model.predict(op, dtype, g["m"].to_numpy(), g["n"].to_numpy(), g["k"].to_numpy(),
-                                                g["batch"].to_numpy()))
-        out.append(g)
-    return _with_err(pd.concat(out))
+                                                g["batch"].to_numpy(), cold=1.0 if is_cold else None))
+        out.append(g.assign(op=op + COLD_SUFFIX) if is_cold else g)
+    df = pd.concat(out).drop(columns="_cold")
+    return _with_err(df).assign(layer_type=lambda d: d["op"].map(
+        lambda o: layer_type(o.removesuffix(COLD_SUFFIX)) + (COLD_SUFFIX if o.endswith(COLD_SUFFIX) else "")))
 
 
 def utility_predictions(model: UtilityModel, samples: pd.DataFrame) -> pd.DataFrame:

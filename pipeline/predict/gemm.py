@@ -49,6 +49,9 @@ class GemmTable(DataclassJSON):
     # lines, over the same (M x N) lattice, measured by twins one element off (sweeps/gemm.py)
     unaligned_n_log: np.ndarray | None = None
     unaligned_k_log: np.ndarray | None = None
+    # CPU: log of how much longer a shape runs with its weights read from memory (rotated
+    # through a pool past the cache, sweeps/gemm.py) than hot, over the same (M x N) lattice
+    cold_log: np.ndarray | None = None
 
     def __post_init__(self):
         for name in _GRIDS:  # JSON gives lists back
@@ -72,12 +75,13 @@ class GemmTable(DataclassJSON):
         hi = flat[iw1 * cols + ik] * (1 - fk) + flat[iw1 * cols + ik1] * fk
         return lo * (1 - fw) + hi * fw
 
-    def predict_us(self, m, n, k, batch) -> np.ndarray:
+    def predict_us(self, m, n, k, batch, cold: float | None = None) -> np.ndarray:
         # Below the smallest wave count or K measured, the duration is held: a latency floor.
         w = np.maximum(count_waves(m, n, batch, self.tile_m, self.tile_n, self.slots, self.split_k), self.waves[0])
         kk = np.maximum(np.asarray(k, dtype=float), self.ks[0])
         padded_flops = (2.0 * self.slots * self.tile_m * self.tile_n / self.split_k) * w * kk
-        return padded_flops / self.throughput(w, kk) * self.aspect_factor(m, n, k) * self.alignment_factor(m, n, k)
+        hot = padded_flops / self.throughput(w, kk) * self.aspect_factor(m, n, k) * self.alignment_factor(m, n, k)
+        return hot if not cold or self.cold_log is None else hot * np.exp(cold * self._on_lattice(self.cold_log, m, n))
 
     def _on_lattice(self, g: np.ndarray, m, n) -> np.ndarray:
         """Bilinear in (log2 M, log2 N) over the aspect lattice, held at its edges."""
@@ -161,6 +165,30 @@ class GemmTable(DataclassJSON):
             out[name] = neighbourhood_median(cells) * (self.aspect_n * element_bytes(self.dtype) >= LINE_BYTES)
         return replace(self, **out)
 
+    def with_cold(self, hot: pd.DataFrame, cold: pd.DataFrame) -> "GemmTable":
+        """This table with its cold-weight correction: per aspect cell (M, N), log(rotated time /
+        hot time) of the same shape, the median of the cell and its two neighbours in N (each cell
+        is timed once; what varies is mostly M: rows per weight element read); a cell with no
+        twin takes its row's nearest in N, then its nearest row's. Never below 0: a weight read
+        from memory is not faster than one in cache, so a lower ratio is the noise of one timing."""
+        if self.aspect_log is None or cold.empty:
+            return self
+        keys = ["m", "n", "k"]
+        base = hot.groupby(keys, as_index=False)["median_us"].median()
+        pair = cold.merge(base, on=keys, suffixes=("", "_hot"))
+        if pair.empty:
+            return self
+        pair = pair.assign(log_ratio=np.log(pair["median_us"] / pair["median_us_hot"]))
+        cells = pair.pivot_table(index="m", columns="n", values="log_ratio", aggfunc="median")
+        cells = cells.reindex(index=self.aspect_m, columns=self.aspect_n).to_numpy(float)
+        smooth = np.full_like(cells, np.nan)
+        for j in range(cells.shape[1]):
+            near = cells[:, max(j - 1, 0):j + 2]
+            have = ~np.isnan(near).all(axis=1)
+            smooth[have, j] = np.nanmedian(near[have], axis=1)
+        grid = pd.DataFrame(smooth).ffill(axis=1).bfill(axis=1).ffill(axis=0).bfill(axis=0).fillna(0.0)
+        return replace(self, cold_log=np.maximum(grid.to_numpy(float), 0.0))
+
 
 def neighbourhood_median(cells: np.ndarray) -> np.ndarray:
     """Each cell as the median of the measured cells in its 3 x 3 neighbourhood (0 where none):
@@ -180,7 +208,14 @@ def neighbourhood_median(cells: np.ndarray) -> np.ndarray:
 # x86-64 and of most ARM server cores. What misalignment costs is measured (the twins), not assumed.
 LINE_BYTES = 64
 UNALIGNED_GRIDS = {"unaligned_n_log": "n", "unaligned_k_log": "k"}
-_GRIDS = ("aspect_m", "aspect_n", "aspect_log", "aspect_k", *UNALIGNED_GRIDS)
+_GRIDS = ("aspect_m", "aspect_n", "aspect_log", "aspect_k", *UNALIGNED_GRIDS, "cold_log")
+COLD_GRIDS = ("cold_weights", "cold_heldout")  # rows timed with rotated weights (sweeps/gemm.py)
+
+
+def hot_rows(samples: pd.DataFrame) -> pd.DataFrame:
+    """gemm_samples without the rows timed with rotated weights: what models that know nothing
+    of cache state (the MLP baselines, a roofline) are fitted and scored on, as PM2Lat's are."""
+    return samples[~samples["grid"].isin(COLD_GRIDS)] if "grid" in samples else samples
 
 
 def is_aligned(dim, dtype: str) -> np.ndarray:
@@ -265,9 +300,21 @@ class GemmModel:
     name = "gemm_model"
 
     def __init__(self, tables: dict[tuple[str, str, str], GemmTable], selector: KernelSelector,
-                 faults: OutputFaults | None = None):
+                 faults: OutputFaults | None = None, weight_cache_bytes: float | None = None):
         self.tables, self.selector = tables, selector
         self.faults = faults  # CPU: page faults of fresh outputs, charged by output size (page_faults.py)
+        # CPU: weights the cache holds between two uses of one, as the sweep's probe measured
+        # (harness/weight_rotation.py); with the tables' cold corrections it prices a graph's
+        # GEMMs by the share of its weights that come from memory (uncached_share)
+        self.weight_cache_bytes = weight_cache_bytes
+
+    def uncached_share(self, weight_bytes: float) -> float | None:
+        """The share of a graph's GEMM weights (`weight_bytes` in all) that the cache cannot hold
+        between two uses, min(1, cache / weights) held, as the embedding model blends its tables;
+        None without a probe or cold corrections (GPUs, older calibrations): priced hot."""
+        if not self.weight_cache_bytes or weight_bytes <= 0 or all(t.cold_log is None for t in self.tables.values()):
+            return None
+        return float(1.0 - min(1.0, self.weight_cache_bytes / weight_bytes))
 
     @staticmethod
     def fit(samples, choices=None) -> "GemmModel":
@@ -283,7 +330,9 @@ class GemmModel:
         grid = samples["grid"] if "grid" in samples else pd.Series("waves", index=samples.index)
         is_twin = grid.isin([name.removesuffix("_log") for name in UNALIGNED_GRIDS]).to_numpy()
         is_aspect = (grid == "aspect").to_numpy()
-        twins, aspect, samples = samples[is_twin], samples[is_aspect], samples[~(is_twin | is_aspect)]
+        is_cold = grid.isin(COLD_GRIDS).to_numpy()
+        twins, aspect, cold = samples[is_twin], samples[is_aspect], samples[is_cold]
+        samples = samples[~(is_twin | is_aspect | is_cold)]
         tables = {}
         for (op, dtype, kernel), g in samples.groupby(["op", "dtype", "kernel"]):
             tm, tn = (int(g[c].mode().iloc[0]) for c in ("tile_m", "tile_n"))
@@ -302,9 +351,12 @@ class GemmModel:
                 mine = pd.concat([mine, g[on_lattice].drop(columns="thr")], ignore_index=True)
             if len(mine):
                 own_twins = twins[(twins["op"] == op) & (twins["dtype"] == dtype)]
-                table = table.with_aspect(mine).with_alignment(mine, own_twins)
+                own_cold = cold[(cold["op"] == op) & (cold["dtype"] == dtype)]
+                table = table.with_aspect(mine).with_alignment(mine, own_twins).with_cold(mine, own_cold)
             tables[(op, dtype, str(kernel))] = table
-        return GemmModel(tables, KernelSelector.fit(selector_labels(samples, choices, tables)), faults)
+        cache = samples["weight_cache_bytes"].dropna() if "weight_cache_bytes" in samples else pd.Series(dtype=float)
+        return GemmModel(tables, KernelSelector.fit(selector_labels(samples, choices, tables)), faults,
+                         float(cache.median()) if len(cache) and len(cold) else None)
 
     def check(self, op: str, dtype: str) -> None:
         check_dtype(dtype)
@@ -327,9 +379,11 @@ class GemmModel:
             raise MissingModelError(f"no table for kernel {kernel!r} of op={op!r} dtype={dtype!r}; have {names}")
         return self.tables[(op, dtype, kernel)]
 
-    def predict(self, op: str, dtype: str, m, n, k, batch=1, kernel: str | None = None) -> np.ndarray:
+    def predict(self, op: str, dtype: str, m, n, k, batch=1, kernel: str | None = None,
+                cold: float | None = None) -> np.ndarray:
         """Predicted microseconds for arrays (or scalars) of m, n, k, batch; the kernel is the
-        selector's choice per shape unless one is named."""
+        selector's choice per shape unless one is named. `cold` (0..1): the share of the weights
+        read from memory rather than cache (uncached_share); None or 0: timed hot, as swept."""
         arrs = check_positive_arrays(m=m, n=n, k=k, batch=batch)
         if kernel is not None:
             tables = [self.table(op, dtype, kernel)]
@@ -339,18 +393,18 @@ class GemmModel:
         out = np.empty(flat[0].size)
         # Chunks small enough that every temporary stays in cache: ~3x faster on 10M shapes.
         for lo in range(0, out.size, CHUNK):
-            out[lo:lo + CHUNK] = self._predict_chunk(op, dtype, tables, [a[lo:lo + CHUNK] for a in flat])
+            out[lo:lo + CHUNK] = self._predict_chunk(op, dtype, tables, [a[lo:lo + CHUNK] for a in flat], cold)
         if self.faults is not None:
             m_, n_, _, b_ = flat
             out += self.faults.fault_us(b_ * m_.astype(float) * n_ * element_bytes(dtype))
         return out.reshape(arrs[0].shape)
 
-    def _predict_chunk(self, op, dtype, tables, arrs) -> np.ndarray:
+    def _predict_chunk(self, op, dtype, tables, arrs, cold=None) -> np.ndarray:
         if len(tables) == 1:
-            return tables[0].predict_us(*arrs)
+            return tables[0].predict_us(*arrs, cold=cold)
         out = np.empty(arrs[0].size)
         for table, sel in self._by_kernel(op, dtype, tables, arrs):
-            out[sel] = table.predict_us(*(a[sel] for a in arrs))
+            out[sel] = table.predict_us(*(a[sel] for a in arrs), cold=cold)
         return out
 
     def _by_kernel(self, op, dtype, tables, arrs):
@@ -383,10 +437,13 @@ class GemmModel:
              "selector": self.selector.to_dict()}
         if self.faults is not None:  # a model without fault counts saves as it always did
             d["output_faults"] = self.faults.to_dict()
+        if self.weight_cache_bytes:
+            d["weight_cache_bytes"] = self.weight_cache_bytes
         return d
 
     @classmethod
     def from_dict(cls, d: dict) -> "GemmModel":
         tables = [GemmTable.from_dict(t) for t in d["tables"]]
         faults = OutputFaults.from_dict(d["output_faults"]) if d.get("output_faults") else None
-        return cls({(t.op, t.dtype, t.kernel): t for t in tables}, KernelSelector.from_dict(d["selector"]), faults)
+        return cls({(t.op, t.dtype, t.kernel): t for t in tables}, KernelSelector.from_dict(d["selector"]), faults,
+                   d.get("weight_cache_bytes"))

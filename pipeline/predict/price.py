@@ -20,6 +20,7 @@ from collections import defaultdict
 from dataclasses import replace
 from typing import Protocol
 
+from pipeline.core.dtypes import element_bytes
 from pipeline.core.errors import MissingModelError
 from pipeline.core.graph import ExecutionGraph
 
@@ -169,6 +170,7 @@ def price_graph(graph: ExecutionGraph, shapes: dict, gemm_model, utility_model, 
     `synchronous` (the CPU as the device): an unmapped op launches nothing, so it keeps no
     kernel; its time is host time, which the overhead model's T2/T5 carry (host_time.py)."""
     classes = classify_graph(graph, shapes, scalars, extra)
+    cold = uncached_weights(classes, gemm_model, dtype)
     new: dict[int, float] = {}
     records = []
     for op in graph.ops:
@@ -178,6 +180,8 @@ def price_graph(graph: ExecutionGraph, shapes: dict, gemm_model, utility_model, 
             try:
                 if why == "extra":
                     new[op.id] = float(extra.predict(model_op, dims, dtype))
+                elif op.name in GEMM and cold is not None and model_op in WEIGHT_OPS:
+                    new[op.id] = float(gemm_model.predict(model_op, dtype, *dims, cold=cold))
                 else:
                     model = gemm_model.predict if op.name in GEMM else utility_model.predict
                     new[op.id] = float(model(model_op, dtype, *dims))
@@ -197,7 +201,27 @@ def price_graph(graph: ExecutionGraph, shapes: dict, gemm_model, utility_model, 
     ops = [replace(op, kernels=()) if status[op.id] in launchless else
            replace(op, kernels=tuple(replace(k, time_us=new[op.id] / len(op.kernels)) for k in op.kernels))
            for op in graph.ops]  # one kernel per captured op; split evenly if a graph has more
-    return ExecutionGraph(ops), _coverage(records)
+    cov = _coverage(records)
+    cov["weights_uncached_share"] = cold  # None: GEMMs priced hot, as swept
+    return ExecutionGraph(ops), cov
+
+
+# GEMMs whose second operand is a weight (mm: A @ B, linear: x @ W^T); a bmm multiplies activations
+WEIGHT_OPS = ("mm", "linear")
+
+
+def uncached_weights(classes: dict[int, tuple], gemm_model, dtype: str) -> float | None:
+    """The share of the graph's GEMM weights that come from memory: every priced mm / linear
+    op's second operand (N x K) summed, against the cache the GEMM sweep measured holding
+    weights. An op repeated per layer is one op per layer in a captured graph; in a training
+    graph the backward GEMMs count again (their operands pass through the cache too). None
+    when the model has no cold-weight correction (a GPU, an older calibration)."""
+    share = getattr(gemm_model, "uncached_share", None)
+    if share is None:
+        return None
+    nbytes = sum(dims[1] * dims[2] for status, model_op, dims, _ in classes.values()
+                 if status == "priced" and model_op in WEIGHT_OPS and dims)
+    return share(nbytes * element_bytes(dtype)) if nbytes else None
 
 
 def _map_one(name, shp, below):

@@ -5,16 +5,20 @@ from collections import defaultdict
 
 import numpy as np
 
+from pipeline.core.dtypes import element_bytes
 from pipeline.predict.gemm import GemmModel
+from pipeline.predict.price import WEIGHT_OPS
 from pipeline.predict.utility import UtilityModel
 from pipeline.core.ops import GemmOp, Op, UtilityOp
 
 LAYER_TYPE = {"mm": "MM", "bmm": "BMM", "linear": "Linear", "softmax": "Softmax"}
 
 
-def predict_op_us(op: Op, dtype: str, gemm: GemmModel, utility: UtilityModel) -> float:
+def predict_op_us(op: Op, dtype: str, gemm: GemmModel, utility: UtilityModel, cold: float | None = None) -> float:
+    """`cold`: the share of the weights of mm and linear ops read from memory (weights_cold)."""
     if isinstance(op, GemmOp):
-        return float(gemm.predict(op.op, dtype, op.m, op.n, op.k, op.batch)) * op.count
+        cold = cold if op.op in WEIGHT_OPS else None
+        return float(gemm.predict(op.op, dtype, op.m, op.n, op.k, op.batch, cold=cold)) * op.count
     if isinstance(op, UtilityOp):
         return float(utility.predict(op.op, dtype, op.rows, op.cols)) * op.count
     raise TypeError(f"cannot price operator {op!r}")
@@ -23,9 +27,19 @@ def predict_op_us(op: Op, dtype: str, gemm: GemmModel, utility: UtilityModel) ->
 def predict_ops(ops: list[Op], dtype: str, gemm: GemmModel, utility: UtilityModel) -> tuple[float, dict[str, float]]:
     """Total predicted microseconds and a breakdown by layer type (MM, BMM, Linear, Softmax, Vector)."""
     by_type: dict[str, float] = defaultdict(float)
+    cold = weights_cold(ops, dtype, gemm)
     for op in ops:
-        by_type[LAYER_TYPE.get(op.op, "Vector")] += predict_op_us(op, dtype, gemm, utility)
+        by_type[LAYER_TYPE.get(op.op, "Vector")] += predict_op_us(op, dtype, gemm, utility, cold)
     return sum(by_type.values()), dict(by_type)
+
+
+def weights_cold(ops: list[Op], dtype: str, gemm: GemmModel) -> float | None:
+    """The share of the ops' GEMM weights (N x K of each mm and linear, times its count) that
+    the cache the GEMM sweep measured cannot hold (GemmModel.uncached_share; price.py does
+    the same for a captured graph). None for a model without a cold-weight correction."""
+    share = getattr(gemm, "uncached_share", None)
+    nbytes = sum(op.n * op.k * op.count for op in ops if isinstance(op, GemmOp) and op.op in WEIGHT_OPS)
+    return share(nbytes * element_bytes(dtype)) if share is not None and nbytes else None
 
 
 def extrapolation(ops: list[Op], dtype: str, gemm: GemmModel) -> dict[str, tuple[float, float]]:

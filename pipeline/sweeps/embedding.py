@@ -21,13 +21,13 @@ uses (`l2_bytes`, `llc_bytes`, `units`, `rows_per_block`; see pipeline.predict.e
 from __future__ import annotations
 
 import itertools
-import os
 from dataclasses import dataclass, replace
 
 import numpy as np
 
 from pipeline.device.discover import DeviceIdentity
 from pipeline.core.dtypes import element_bytes
+from pipeline.harness.cache_probe import cpu_llc_bytes
 from pipeline.harness.dtypes import torch_dtype
 from pipeline.harness.progress import Progress
 from pipeline.harness.timer import TimingSpec, kept_flusher, measure, release_flusher
@@ -138,7 +138,7 @@ def cache_params(dev: DeviceIdentity) -> dict:
                 "rows_per_block": DEFAULT_ROWS_PER_BLOCK["cuda"]}
     threads = int(dev.threads or 1)
     l2 = int(dev.l2_bytes or 0) * threads
-    return {"l2_bytes": l2, "llc_bytes": int(_cpu_llc_bytes() or l2), "units": threads,
+    return {"l2_bytes": l2, "llc_bytes": int(cpu_llc_bytes() or l2), "units": threads,
             "rows_per_block": DEFAULT_ROWS_PER_BLOCK["cpu"]}
 
 
@@ -155,7 +155,7 @@ def cold_timing(s: EmbeddingSizes, dev: DeviceIdentity, log=None) -> tuple[Timin
         return None
     from pipeline.harness.cache_probe import effective_flush_bytes, flush_seconds
 
-    half = effective_flush_bytes(int(_cpu_llc_bytes() or (dev.l2_bytes or 1 << 20)), log) // 2  # swept twice
+    half = effective_flush_bytes(int(cpu_llc_bytes() or (dev.l2_bytes or 1 << 20)), log) // 2  # swept twice
     spec = replace(s.timing, flush_l2=True, warmup_s=0.0, budget_s=0.0, min_reps=COLD_REPS, max_reps=COLD_REPS)
     # timed on the flusher the cold timings will keep using (one buffer, allocated once); the
     # flusher is swept before each repetition, plus one pass: COLD_REPS + 1 passes
@@ -176,26 +176,6 @@ def cold_subset(todo: list, per_point_s: float, budget_s: float, seed: int = 5) 
     n_held = min(len(held), max(2 if held else 0, round(n * len(held) / len(todo))))
     n_fit = min(len(fit), max(n - n_held, 2))
     return set(rng.choice(fit, n_fit, replace=False).tolist()) | set(rng.choice(held, n_held, replace=False).tolist())
-
-
-def _cpu_llc_bytes() -> int | None:
-    """Size of the highest-level data/unified cache of cpu0, from sysfs (None when unreadable)."""
-    path = "/sys/devices/system/cpu/cpu0/cache"
-    best = (0, 0)
-    try:
-        for idx in (i for i in os.listdir(path) if i.startswith("index")):
-            with open(f"{path}/{idx}/type") as f:
-                if f.read().strip() == "Instruction":
-                    continue
-            with open(f"{path}/{idx}/level") as f:
-                level = int(f.read().strip())
-            with open(f"{path}/{idx}/size") as f:
-                size = f.read().strip().upper()
-            mult = {"K": 1024, "M": 1024**2, "G": 1024**3}.get(size[-1], 1)
-            best = max(best, (level, int(size.rstrip("KMG")) * mult))
-    except (OSError, ValueError):
-        return None
-    return best[1] or None
 
 
 class _Tables:

@@ -184,6 +184,42 @@ def cpu_tiles(dev: DeviceIdentity, profile: Profile, log=None) -> dict[tuple[str
     return out
 
 
+# Grids timed with the weights rotated through memory (harness/weight_rotation.py)
+COLD_GRID, COLD_HELDOUT = "cold_weights", "cold_heldout"
+
+
+def cold_points(dev: DeviceIdentity, profile: Profile, cache_bytes: int | None,
+                heldout: list[GemmPoint]) -> list[GemmPoint]:
+    """CPU: twins of the aspect grid's mm and linear cells at its largest K, and of the held-out
+    mm and linear shapes, timed with rotated weights. Only weights whose rotation passes the
+    measured weight cache twice over (the fit fills the smaller ones' cells from beside them)."""
+    if dev.kind != "cpu" or not profile.gemm_cold_weights or not cache_bytes:
+        return []
+    from pipeline.core.dtypes import element_bytes
+    from pipeline.harness.weight_rotation import MAX_COPIES
+
+    def rotates(p: GemmPoint) -> bool:
+        return p.op in ASPECT_OPS and p.n * p.k * element_bytes(p.dtype) * MAX_COPIES >= 2 * cache_bytes
+
+    k = max(profile.gemm_aspect_k)
+    grid = [replace(p, grid=COLD_GRID) for p in aspect_points(dev, profile) if p.grid == "aspect" and p.k == k]
+    return [p for p in grid if rotates(p)] + [replace(p, grid=COLD_HELDOUT) for p in heldout if rotates(p)]
+
+
+def cold_weight_setup(dev: DeviceIdentity, profile: Profile, log=None):
+    """(weight cache bytes, pool) for the rotated timings, or (None, None) where none are taken."""
+    if dev.kind != "cpu" or not profile.gemm_cold_weights:
+        return None, None
+    from pipeline.harness.cache_probe import cpu_llc_bytes
+    from pipeline.harness.weight_rotation import weight_cache_bytes
+
+    def time_us(fn):
+        return measure(fn, profile.gemm_timing, dev.torch_device).median_us
+
+    cache, pool = weight_cache_bytes(int(cpu_llc_bytes() or dev.l2_bytes or 1 << 20), time_us, log=log or print)
+    return (cache, pool) if cache else (None, None)
+
+
 def set_tf32(dtype: str) -> None:
     import torch
 
@@ -209,11 +245,20 @@ def sweep_gemm(dev: DeviceIdentity, profile: Profile, log=None) -> list[dict]:
         faults = {"fault_us_per_page": fault_us_per_page()}
         if log:
             log(f"page faults: a fresh page costs {faults['fault_us_per_page']:.2f} us to fault in")
+    cache, pool = cold_weight_setup(dev, profile, log)
+    if cache:
+        faults["weight_cache_bytes"] = float(cache)
     pts = sweep_points(dev, profile, tiles)
+    pts += cold_points(dev, profile, cache, [p for p in pts if p.held_out])
     slots = slots_for(dev)
+    # each rotation passes the weight cache four times over, within the pool the probe allocated
+    rotation = min(4 * cache, pool.nbytes) if cache else 0
 
     def make(p: GemmPoint):
         set_tf32(p.dtype)
+        if p.grid in (COLD_GRID, COLD_HELDOUT):
+            from pipeline.harness.weight_rotation import rotating_gemm
+            return rotating_gemm(p.op, p.dtype, p.m, p.n, p.k, pool, rotation)
         return gemm_callable(p.op, p.dtype, p.batch, p.m, p.n, p.k, dev.torch_device)
 
     name = kernel_namer(dev, pts, make)

@@ -43,6 +43,10 @@ class Profile:
     # near-square ones at the same output size (predict/gemm.py, AspectCorrection)
     gemm_aspect_k: tuple[int, ...] = ()
     gemm_aspect_max: int = 16384  # the largest M or N of the aspect grid
+    # CPU only: time the aspect grid's mm and linear cells at its largest K (and the held-out
+    # shapes) again with their weights rotated through memory, as inside a model
+    # (harness/weight_rotation.py), after a probe of how much the cache holds
+    gemm_cold_weights: bool = False
     attention_heldout: int = 12  # random shapes per (backend, dtype), never used for fitting
     attention_timing: TimingSpec = TimingSpec(warmup_s=0.005, budget_s=0.02, min_reps=3, max_reps=50, min_block_s=2e-4)
     # opencl_launches (LLMPerf II): generated kernels x {simple, memory} argument plans x work-group
@@ -104,6 +108,7 @@ PROFILES = {
         name="quick", k_values=CPU_K, wave_step=4, max_gemm_outputs=1 << 25, max_point_flops=4e9,
         heldout_per_op=40, heldout_max_mn=2048, heldout_max_k=2048, heldout_max_bmm=512, utility_max_elems=1 << 22,
         utility_heldout_per_op=12, gemm_timing=_CPU_TIMING, utility_timing=_CPU_TIMING, gemm_aspect_k=(256, 1024), gemm_aspect_max=65536,
+        gemm_cold_weights=True,
         workload_configs="quick", workload_batches=(1, 4, 8), workload_seqs=(128,),
         attention_max_seq=256, attention_max_batch=4, attention_max_point_flops=1e8, attention_heldout=12,
     ),
@@ -112,7 +117,7 @@ PROFILES = {
         name="full", k_values=POW2_K, wave_step=2, max_gemm_outputs=1 << 26, max_point_flops=1e15,
         heldout_per_op=1000, heldout_max_mn=8192, heldout_max_k=2000, heldout_max_bmm=1024,
         utility_max_elems=16384 * 16384,
-        utility_heldout_per_op=200, gemm_aspect_k=(64, 256, 1024, 4096), gemm_aspect_max=65536,
+        utility_heldout_per_op=200, gemm_aspect_k=(64, 256, 1024, 4096), gemm_aspect_max=65536, gemm_cold_weights=True,
         gemm_timing=TimingSpec(warmup_s=0.1, budget_s=0.5, min_reps=25, max_reps=10000, flush_l2=True),
         utility_timing=TimingSpec(warmup_s=0.05, budget_s=0.2, min_reps=25, max_reps=10000, flush_l2=True),
         workload_configs="full", workload_batches=(1, 4, 8), workload_seqs=(128, 512),

@@ -134,7 +134,10 @@ def write_rows(rows: list[dict], out_dir: Path, table: str) -> Path:
         import pyarrow.parquet as pq
 
         path = out_dir / f"{table}.parquet"
-        pq.write_table(pa.Table.from_pylist(rows), path)
+        # every column any row has: from_pylist takes its columns from the first row alone, and
+        # dropped a column only later rows carry (gemm_samples' kept_us of faulting outputs)
+        columns = list(dict.fromkeys(k for r in rows for k in r))
+        pq.write_table(pa.Table.from_pylist([{c: r.get(c) for c in columns} for r in rows]), path)
     except ImportError:  # a bare GPU node: JSON lines, which devchar loads the same way
         path = out_dir / f"{table}.jsonl"
         path.write_text("".join(json.dumps(r) + "\n" for r in rows))

@@ -9,6 +9,8 @@ Variants, each adding one fix of issue 14 to the one before:
   +unaligned       the GEMM twins' correction for rows that end mid cache line
   +cold            embedding lookups blended hot/cold by the share of the graph's tables cached
   +faults          GEMM tables fitted without their rows' page faults, charged back by output size
+  +cold_weights    mm / linear priced with their weights read from memory for the share of a
+                   graph's GEMM weights the measured weight cache cannot hold
 Prints the GEMM held-out error per (op, dtype), each run's e2e_shared error and Table V.
 """
 from __future__ import annotations
@@ -27,7 +29,7 @@ from pipeline.core.config import model_store_root  # noqa: E402
 from pipeline.predict import store  # noqa: E402
 from pipeline.predict.embedding import EmbeddingModel  # noqa: E402
 from pipeline.predict.evaluate import error_table, gemm_predictions  # noqa: E402
-from pipeline.predict.gemm import GemmModel  # noqa: E402
+from pipeline.predict.gemm import GemmModel, hot_rows  # noqa: E402
 from pipeline.predict.graph_predict import predict_runs, table_v  # noqa: E402
 
 
@@ -43,8 +45,10 @@ def _no_faults(g: pd.DataFrame) -> pd.DataFrame:
     return g.drop(columns=[c for c in ("faults_per_call", "fault_us_per_page") if c in g])
 
 
-VARIANTS = {"before": (lambda g: _no_faults(_no_twins(g)), _hot), "+unaligned": (_no_faults, _hot),
-            "+cold": (_no_faults, lambda e: e), "+faults": (lambda g: g, lambda e: e)}
+VARIANTS = {"before": (lambda g: _no_faults(_no_twins(hot_rows(g))), _hot),
+            "+unaligned": (lambda g: _no_faults(hot_rows(g)), _hot),
+            "+cold": (lambda g: _no_faults(hot_rows(g)), lambda e: e), "+faults": (hot_rows, lambda e: e),
+            "+cold_weights": (lambda g: g, lambda e: e)}
 
 
 def main() -> None:

@@ -86,6 +86,27 @@ def test_capture_without_observer(monkeypatch):
     assert info["shapes"][mm.id] == [[4, 16], [16, 8]] and all(not op.deps for op in graph)
 
 
+def test_nn_linear_gemms_are_priced_by_the_linear_table(mlp_capture):
+    """nn.Linear's addmm multiplies by the weight transposed: the linear table prices it where
+    the calibration has one (a made-up linear twice as slow as mm), the mm table where not."""
+    import pandas as pd
+
+    from pipeline.predict.gemm import GemmModel
+
+    rows = [dict(op=op, dtype="float32", kernel="cpu", tile_m=8, tile_n=8, slots=2, batch=1, m=m, n=n, k=k,
+                 waves=w, median_us=(1 + k / 32) * w**0.8 * (2.0 if op == "linear" else 1.0), held_out=False)
+            for op in ("mm", "linear") for w, (m, n) in ((1, (8, 16)), (4, (16, 32)), (16, (32, 64)))
+            for k in (32, 64, 128, 256)]
+    model = GemmModel.fit(pd.DataFrame(rows))
+    graph, info = mlp_capture
+    priced, cov = price_graph(graph, info["shapes"], model, utility_model(), "float32")
+    for op in graph.by_name("aten::addmm"):
+        _, (m, k), (_, n) = info["shapes"][op.id][:3]
+        assert priced.op(op.id).kernels[0].time_us == pytest.approx(float(model.predict("linear", "float32", m, n, k)))
+        assert float(model.predict("linear", "float32", m, n, k)) > float(model.predict("mm", "float32", m, n, k))
+    assert {r["model_op"] for r in cov["ops"] if r["name"] == "aten::addmm"} == {"linear"}
+
+
 def test_price_gemms_exactly_and_views_zero(mlp_capture, synthetic_gemm_model):
     graph, info = mlp_capture
     priced, cov = price_graph(graph, info["shapes"], synthetic_gemm_model, utility_model(), "float32")

@@ -16,10 +16,13 @@ from pipeline.predict.gemm import GemmModel, GemmTable, hot_rows
 MB = 1 << 20
 
 
-def test_the_knee_is_the_last_pool_timed_hot():
+def test_the_knee_is_where_the_time_crosses_half_way():
     sizes = [MB << i for i in range(8)]  # 1 ... 128 MB
     times = [100, 101, 99, 100, 104, 130, 150, 151]
-    assert knee(sizes, times) == 16 * MB  # 32 MB is past half-way from 100 to 150.5
+    # half-way from 100.5 to 150.5 is 125.5: 0.83 of the way from 16 MB (104) to 32 MB (130), in log2
+    assert knee(sizes, times) == pytest.approx(16 * MB * 2 ** ((125.5 - 104) / 26), rel=1e-6)
+    # a step between 32 and 64 MB: its geometric middle
+    assert knee(sizes, [100, 100, 100, 100, 100, 100, 200, 200]) == pytest.approx(32 * MB * 2 ** 0.5, rel=1e-6)
     assert knee(sizes, [100] * 8) is None  # no cache the probe could see past
     assert knee(sizes[:3], [100, 200, 300]) is None  # too few sizes to tell hot from cold
 
@@ -67,7 +70,8 @@ def test_the_probe_finds_a_made_up_cache(monkeypatch):
     monkeypatch.setattr(wr, "WeightPool", FakePool)
     monkeypatch.setattr(wr, "rotating_gemm", lambda op, dtype, m, n, k, pool, nbytes: nbytes)
     found, pool = weight_cache_bytes(32 * MB, lambda span: 150.0 if span > 8 * MB else 100.0)
-    assert found == 8 * MB and pool.nbytes == probe_sizes(32 * MB)[-1]
+    assert found == pytest.approx(8 * MB * 2 ** 0.5, rel=1e-6)  # a step between 8 and 16 MB
+    assert pool.nbytes == probe_sizes(32 * MB)[-1]
 
 
 def _lattice_rows(table: GemmTable, slow_at_m: dict[int, float]) -> tuple[pd.DataFrame, pd.DataFrame]:

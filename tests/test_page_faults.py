@@ -68,3 +68,28 @@ def test_the_harness_counts_the_faults_of_a_fresh_output():
     assert fresh.faults_per_call > 0.5 * pages and kept.faults_per_call < 0.01 * pages
     assert fresh.row()["faults_per_call"] == fresh.faults_per_call
     assert minor_faults() > 0 and fault_us_per_page(8 << 20, reps=3) >= 0.0
+
+
+def test_rows_timed_into_a_kept_output_give_the_kernel_and_the_faults_cost():
+    """Faulting rows also timed into a kept output: the table takes the kept time, and a fault
+    costs what those pairs say (2 us a page here) rather than the probe's 1 us."""
+    rows = _rows(faulting_from_bytes=32 << 20)
+    compute = 2.0 * rows["m"] * rows["n"] * rows["k"] / 1e6
+    big = rows["faults_per_call"] > 0
+    rows.loc[big, "median_us"] = compute[big] + 2.0 * rows.loc[big, "faults_per_call"]  # the true cost: 2 us
+    rows["kept_us"] = np.where(big, compute, np.nan)
+    model = GemmModel.fit(rows)
+    assert model.faults.us_per_page == pytest.approx(2.0)
+    assert without_faults(rows).loc[big, "median_us"].to_numpy() == pytest.approx(compute[big].to_numpy())
+    assert model.predict("mm", "float32", 4096, 4096, 64) == pytest.approx(2.0 * 4096 * 4096 * 64 / 1e6 + 2 * 16384,
+                                                                          rel=1e-6)
+
+
+@pytest.mark.parametrize("op", ["mm", "bmm", "linear"])
+def test_the_kept_output_twin_computes_what_the_sweep_timed(op):
+    from pipeline.sweeps.gemm import GemmPoint, gemm_callable, kept_output_callable, output_faulted
+
+    assert torch.allclose(kept_output_callable(op, "float32", 2, 8, 16, 4, "cpu")(),
+                          gemm_callable(op, "float32", 2, 8, 16, 4, "cpu")(), atol=1e-5)
+    p = GemmPoint(op, "float32", 1, 1024, 1024, 64, False)  # 4 MB: 1024 pages
+    assert output_faulted(1024.0, p) and not output_faulted(10.0, p) and not output_faulted(None, p)

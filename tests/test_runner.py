@@ -97,3 +97,13 @@ def test_a_thread_count_the_cpu_does_not_have_is_one_clear_error(cpu):
     for bad in (-1, (cpu.threads or 1) + 1):
         with pytest.raises(DevcharError, match=f"--threads {bad}: a CPU can be measured with 1 to"):
             with_threads(cpu, bad)
+
+
+def test_a_column_only_later_rows_have_is_written(tmp_path):
+    import pandas as pd
+
+    from pipeline.runner import write_rows
+
+    path = write_rows([{"a": 1}, {"a": 2, "kept_us": 3.5}], tmp_path, "gemm_samples")
+    got = pd.read_parquet(path)
+    assert list(got.columns) == ["a", "kept_us"] and got["kept_us"].isna().tolist() == [True, False]

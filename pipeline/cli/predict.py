@@ -39,6 +39,9 @@ def predict_captured(args) -> int:
     print(f"{label} on {args.device}: predicted {out['e2e_us'] / 1e3:.2f} ms "
           f"(kernels {out['kernel_only_us'] / 1e3:.2f} ms, {host}; {cov['priced_share'] + cov['covered_share']:.0%} "
           f"of the captured CPU time re-priced, {len(cov['unmapped'])} unmapped op kinds)")
+    if cov.get("weights_uncached_share") is not None:
+        print(f"GEMM weights: {cov['weights_uncached_share']:.0%} priced as read from memory (the share the "
+              f"{gemm.weight_cache_bytes / 2**20:.0f} MB weight cache measured on {args.device} cannot hold)")
     if args.measure:
         m = pc.measure_call(model, inputs)
         err = (out["e2e_us"] - m.median_us) / m.median_us

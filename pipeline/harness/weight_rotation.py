@@ -92,16 +92,23 @@ def probe_sizes(reported_llc: int, memory_bytes: int | None = None) -> list[int]
 
 
 def knee(sizes: list[int], times: list[float], min_contrast: float = MIN_CONTRAST) -> int | None:
-    """The largest pool still timed hot: the last size before the time first passes half-way
-    from the hot level (the two smallest pools) to the cold one (the two largest). None when
-    the largest pools are not `min_contrast` slower: no cache the probe could see past."""
+    """The pool size at which the time crosses half-way from the hot level (the two smallest
+    pools) to the cold one (the two largest), log-linear between the two sizes around the
+    crossing: the doubling steps alone made one VM's cache 64 MB in one sweep and 128 MB in the
+    next. None when the largest pools are not `min_contrast` slower: no cache the probe saw past."""
     t = np.asarray(times, float)
-    hot, cold = float(np.median(t[:2])), float(np.median(t[-2:]))
-    if len(t) < 4 or cold < min_contrast * hot:
+    if len(t) < 4:
         return None
-    over = np.flatnonzero(t > hot + 0.5 * (cold - hot))
-    first = int(over[0]) if over.size else len(t) - 1
-    return int(sizes[max(first - 1, 0)])
+    hot, cold = float(np.median(t[:2])), float(np.median(t[-2:]))
+    if cold < min_contrast * hot:
+        return None
+    mid = hot + 0.5 * (cold - hot)
+    over = np.flatnonzero(t > mid)
+    i = int(over[0]) if over.size else len(t) - 1
+    if i == 0:
+        return int(sizes[0])
+    frac = float(np.clip((mid - t[i - 1]) / max(t[i] - t[i - 1], 1e-12), 0.0, 1.0))
+    return int(round(np.exp(np.log(sizes[i - 1]) + frac * (np.log(sizes[i]) - np.log(sizes[i - 1])))))
 
 
 def weight_cache_bytes(reported_llc: int, time_us, pool: WeightPool | None = None,
@@ -118,7 +125,7 @@ def weight_cache_bytes(reported_llc: int, time_us, pool: WeightPool | None = Non
     found = knee(sizes, times)
     if log:
         curve = ", ".join(f"{s / 2**20:g} MB {t:.0f}" for s, t in zip(sizes, times))
-        said = f"{found / 2**20:g} MB" if found else "no knee (no cache the probe could see past)"
+        said = f"{found / 2**20:.0f} MB" if found else "no knee (no cache the probe could see past)"
         log(f"weight cache probe: {said}; linear {m}x{n}x{k} float32 with weights rotated through: {curve} us "
             f"(the OS reports a {reported_llc / 2**20:.0f} MB last-level cache)")
     return found, pool

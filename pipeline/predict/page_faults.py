@@ -33,15 +33,34 @@ def has_counts(rows: pd.DataFrame) -> bool:
 
 
 def without_faults(rows: pd.DataFrame) -> pd.DataFrame:
-    """The rows with each one's counted faults taken off its times (rows without counts as they are)."""
+    """The rows with their page faults taken off: a row timed into a kept output too (`kept_us`)
+    takes that time; any other its counted faults times the probe's cost (rows without counts
+    as they are)."""
     if not has_counts(rows):
         return rows
     fault_us = (rows["faults_per_call"] * rows["fault_us_per_page"]).fillna(0.0).clip(lower=0.0)
     out = rows.copy()
+    kept = rows["kept_us"].to_numpy(float) if "kept_us" in rows else np.full(len(rows), np.nan)
+    has_kept = np.isfinite(kept) & (kept > 0)
+    scale = np.where(has_kept, kept / rows["median_us"].to_numpy(float), 1.0)
     for col in ("median_us", "p20_us", "p80_us"):
         if col in out:
-            out[col] = np.maximum(out[col] - fault_us, MIN_COMPUTE_SHARE * out[col])
+            less = np.maximum(out[col] - fault_us, MIN_COMPUTE_SHARE * out[col])
+            out[col] = np.where(has_kept, out[col].to_numpy(float) * scale, less)
     return out
+
+
+def kept_us_per_page(rows: pd.DataFrame) -> float | None:
+    """What a fault cost inside the sweep's own GEMMs: the median over rows timed both ways of
+    (fresh - kept) / faults; None without such rows. The probe's 64 MB fill (0.54 us a page on
+    the Xeon VM) under-priced GPT-2's LM head, whose fresh and kept outputs differed by 0.78-1.0
+    us a page: the faults also evict the GEMM's packed panels."""
+    if "kept_us" not in rows:
+        return None
+    both = rows[np.isfinite(rows["kept_us"].to_numpy(float)) & (rows["faults_per_call"] > 0)]
+    if both.empty:
+        return None
+    return float(np.median(np.maximum(both["median_us"] - both["kept_us"], 0.0) / both["faults_per_call"]))
 
 
 @dataclass
@@ -56,11 +75,14 @@ class OutputFaults(DataclassJSON):
 
     @staticmethod
     def fit(rows: pd.DataFrame) -> "OutputFaults | None":
-        """From gemm_samples rows with fault counts; None without counts or when a fault costs nothing."""
+        """From gemm_samples rows with fault counts; None without counts or when a fault costs nothing.
+        A fault's cost is the sweep's own (kept_us_per_page) where rows were timed both ways,
+        else the probe's."""
         if not has_counts(rows):
             return None
         rows = rows.dropna(subset=list(COLUMNS))
-        us = float(rows["fault_us_per_page"].median())
+        kept = kept_us_per_page(rows)
+        us = kept if kept is not None else float(rows["fault_us_per_page"].median())
         if not us > 0:
             return None
         nbytes = output_bytes(rows)

@@ -150,7 +150,27 @@ def classify_graph(graph: ExecutionGraph, shapes: dict, scalars: dict | None = N
         mapped = extra.map(op.name, shapes.get(op.id), scalars.get(op.id)) if extra is not None else None
         out[op.id] = ("priced", mapped[0], mapped[1], "extra") if mapped else _map_one(op.name, shapes.get(op.id),
                                                                                        below[op.id])
+        if out[op.id][:2] == ("priced", "mm") and _under_linear(graph, op):
+            out[op.id] = ("priced", "linear", out[op.id][2], LINEAR_GEMM)
     return out
+
+
+LINEAR_GEMM = "nn.Linear's GEMM"  # an mm priced by the linear table (mm's when it has none)
+
+
+def _under_linear(graph: ExecutionGraph, op, depth: int = 2) -> bool:
+    """Whether an mm is nn.Linear's own GEMM (aten::linear -> [matmul ->] mm or addmm): it
+    multiplies by the weight transposed (x @ W^T), the layout the `linear` table was timed in,
+    not the `mm` table's A @ B (on the Xeon VM 128 x 4864 x 896 float32: 3.84 ms as mm, 3.66 ms
+    as F.linear). GPT-2's Conv1D calls addmm itself, with the weight as stored: mm."""
+    parent = op.parent
+    for _ in range(depth):
+        if parent is None:
+            return False
+        if graph.op(parent).name == "aten::linear":
+            return True
+        parent = graph.op(parent).parent
+    return False
 
 
 def _covers_children(parent_class: tuple, parent_name: str, extra: ExtraOps | None) -> bool:
@@ -180,11 +200,10 @@ def price_graph(graph: ExecutionGraph, shapes: dict, gemm_model, utility_model, 
             try:
                 if why == "extra":
                     new[op.id] = float(extra.predict(model_op, dims, dtype))
-                elif op.name in GEMM and cold is not None and model_op in WEIGHT_OPS:
-                    new[op.id] = float(gemm_model.predict(model_op, dtype, *dims, cold=cold))
+                elif op.name in GEMM:
+                    new[op.id] = _price_gemm(gemm_model, model_op, dtype, dims, cold, why)
                 else:
-                    model = gemm_model.predict if op.name in GEMM else utility_model.predict
-                    new[op.id] = float(model(model_op, dtype, *dims))
+                    new[op.id] = float(utility_model.predict(model_op, dtype, *dims))
             except MissingModelError:
                 status, why = "unmapped", f"no calibration for {model_op}/{dtype}"
         if status == "unmapped":
@@ -204,6 +223,18 @@ def price_graph(graph: ExecutionGraph, shapes: dict, gemm_model, utility_model, 
     cov = _coverage(records)
     cov["weights_uncached_share"] = cold  # None: GEMMs priced hot, as swept
     return ExecutionGraph(ops), cov
+
+
+def _price_gemm(gemm_model, model_op: str, dtype: str, dims, cold: float | None, why: str) -> float:
+    """A GEMM's price; with its weights' cold share where the model has one (weights_uncached).
+    nn.Linear's mm falls back to the mm table where no linear one was calibrated."""
+    kw = {"cold": cold} if cold is not None and model_op in WEIGHT_OPS else {}
+    try:
+        return float(gemm_model.predict(model_op, dtype, *dims, **kw))
+    except MissingModelError:
+        if why != LINEAR_GEMM:
+            raise
+        return float(gemm_model.predict("mm", dtype, *dims, **kw))
 
 
 # GEMMs whose second operand is a weight (mm: A @ B, linear: x @ W^T); a bmm multiplies activations

@@ -140,6 +140,31 @@ def gemm_callable(op: str, dtype: str, b: int, m: int, n: int, k: int, device: s
     return lambda: torch.nn.functional.linear(a, w, bias)
 
 
+def kept_output_callable(op: str, dtype: str, b: int, m: int, n: int, k: int, device: str):
+    """The GEMM of gemm_callable writing into one output kept across calls (out=): its time
+    without the page faults of a fresh output, which the allocator's reuse spares a model."""
+    import torch
+
+    torch.manual_seed(0)
+    kw = dict(dtype=torch_dtype(dtype), device=device)
+    if op == "bmm":
+        a, w, out = torch.randn(b, m, k, **kw), torch.randn(b, k, n, **kw), torch.empty(b, m, n, **kw)
+        return lambda: torch.bmm(a, w, out=out)
+    if op == "mm":
+        a, w, out = torch.randn(m, k, **kw), torch.randn(k, n, **kw), torch.empty(m, n, **kw)
+        return lambda: torch.mm(a, w, out=out)
+    a, w, bias, out = torch.randn(m, k, **kw), torch.randn(n, k, **kw), torch.randn(n, **kw), torch.empty(m, n, **kw)
+    return lambda: torch.addmm(bias, a, w.t(), out=out)  # F.linear's own computation; it has no out=
+
+
+def output_faulted(faults_per_call: float | None, p: GemmPoint) -> bool:
+    """Whether a call faulted in at least half its output's pages (a fresh mapping each call)."""
+    from pipeline.core.dtypes import element_bytes
+
+    pages = p.batch * p.m * p.n * element_bytes(p.dtype) / 4096
+    return faults_per_call is not None and pages >= 1 and faults_per_call >= 0.5 * pages
+
+
 def kernel_namer(dev: DeviceIdentity, keys: list, make_fn):
     """name(key, fn) -> the GEMM kernel a point runs. On CUDA every key is named up front, in
     one profiler session per few hundred (harness/kernel_names.py), from make_fn(key); on the
@@ -277,6 +302,10 @@ def sweep_gemm(dev: DeviceIdentity, profile: Profile, log=None) -> list[dict]:
             "flops": 2 * p.batch * p.m * p.n * p.k, "held_out": p.held_out, "grid": p.grid,
             **meas.row(profile.gemm_timing.cv_threshold), **faults,
         }
+        if dev.kind == "cpu" and p.grid not in (COLD_GRID, COLD_HELDOUT) and output_faulted(
+                rows[i].get("faults_per_call"), p):  # the same GEMM into a kept output: the faults' cost
+            kept = kept_output_callable(p.op, p.dtype, p.batch, p.m, p.n, p.k, dev.torch_device)
+            rows[i]["kept_us"] = measure(kept, profile.gemm_timing, dev.torch_device).median_us
         prog.step(f"{p.op} {p.dtype} b={p.batch} {p.m}x{p.n}x{p.k}")
     remeasure_stalled(rows, [lambda p=p: make(p) for p in pts], profile.gemm_timing, dev.torch_device,
                       dev.l2_bytes or 0, prog.log,

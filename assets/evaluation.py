@@ -18,7 +18,7 @@ from pipeline.analysis.plots import error_distribution_plot, worst_per_bin_plot
 from pipeline.predict.baselines import BASELINES
 from pipeline.predict.compare import DevcharPair, error_distribution, held_out_predictions, table_ii, worst_per_bin
 from pipeline.predict.evaluate import attention_predictions, embedding_predictions, gemm_predictions, memory_predictions
-from pipeline.predict.gemm import COLD_GRIDS, hot_rows
+from pipeline.predict.gemm_grids import hot_rows, is_cold
 from pipeline.predict.selector import selection_accuracy
 from pipeline.predict.store import new_version
 from resources.devices import DeviceRunner
@@ -27,9 +27,11 @@ from resources.tracking import MLflowTracking
 from resources.warehouse import DuckDBWarehouse
 
 
-def _held(warehouse: DuckDBWarehouse, device: str) -> tuple[pd.DataFrame, pd.DataFrame]:
-    return (hot_rows(warehouse.device_rows("gemm_samples", device, "held_out")),
-            warehouse.device_rows("utility_samples", device, "held_out"))
+def _held(warehouse: DuckDBWarehouse, device: str) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """Held-out (hot GEMM, utility, cold-weight GEMM) rows: the baselines know nothing of cache
+    state, so they are scored on the hot GEMMs only, as PM2Lat's are."""
+    gemm = warehouse.device_rows("gemm_samples", device, "held_out")
+    return hot_rows(gemm), warehouse.device_rows("utility_samples", device, "held_out"), gemm[is_cold(gemm)]
 
 
 @dg.asset(partitions_def=devices, group_name="fit", kinds={"scikitlearn", "mlflow"},
@@ -42,7 +44,7 @@ def mlp_baselines(context: dg.AssetExecutionContext, warehouse: DuckDBWarehouse,
     util = warehouse.device_rows("utility_samples", device, "NOT held_out")
     spec = warehouse.device_rows("devices", device).iloc[0].to_dict()
     grid = "full" if device_runner.profile == "full" else "reduced"
-    gheld, uheld = _held(warehouse, device)
+    gheld, uheld, _ = _held(warehouse, device)
     dhash, version, summary = data_hash(gemm), None, []
     for name, cls in BASELINES.items():
         t0 = time.perf_counter()
@@ -70,7 +72,7 @@ def model_evaluation(context: dg.AssetExecutionContext, warehouse: DuckDBWarehou
     gemm = model_store.load(device, "gemm_model")
     models = {"devchar": DevcharPair(gemm, model_store.load(device, "utility_model"))}
     models.update({name: model_store.load(device, name) for name in BASELINES})
-    gheld, uheld = _held(warehouse, device)
+    gheld, uheld, gcold = _held(warehouse, device)
     pred = held_out_predictions(models, gheld, uheld)
     # Fused attention has no baseline here: devchar's own rows only (PM2Lat Table VI).
     attn = attention_predictions(model_store.load(device, "attention_model"),
@@ -81,9 +83,7 @@ def model_evaluation(context: dg.AssetExecutionContext, warehouse: DuckDBWarehou
     mem = memory_predictions(model_store.load(device, "memory_model"),
                              warehouse.device_rows("memory_samples", device, "held_out"))
     # CPU: held-out GEMMs timed with their weights rotated through memory, priced cold ("Linear cold")
-    held = warehouse.device_rows("gemm_samples", device, "held_out")
-    cold = held[held["grid"].isin(COLD_GRIDS)] if "grid" in held else held.iloc[:0]
-    cold = gemm_predictions(gemm, cold).assign(model="devchar", domain=lambda d: d["flops"]) if len(cold) else None
+    cold = gemm_predictions(gemm, gcold).assign(model="devchar", domain=lambda d: d["flops"]) if len(gcold) else None
     pred = pd.concat([pred, attn.assign(model="devchar", domain=attn["flops"])[pred.columns],
                       *(d.assign(model="devchar", domain=d["bytes"])[pred.columns] for d in (emb, mem)),
                       *([cold[pred.columns]] if cold is not None else [])],

@@ -29,7 +29,8 @@ from pipeline.core.config import model_store_root  # noqa: E402
 from pipeline.predict import store  # noqa: E402
 from pipeline.predict.embedding import EmbeddingModel  # noqa: E402
 from pipeline.predict.evaluate import error_table, gemm_predictions  # noqa: E402
-from pipeline.predict.gemm import GemmModel, hot_rows  # noqa: E402
+from pipeline.predict.gemm import GemmModel  # noqa: E402
+from pipeline.predict.gemm_grids import hot_rows  # noqa: E402
 from pipeline.predict.graph_predict import predict_runs, table_v  # noqa: E402
 
 

@@ -11,7 +11,8 @@ import torch
 
 from pipeline.harness.weight_rotation import MAX_COPIES, WeightPool, knee, probe_sizes, rotating_gemm, weight_cache_bytes
 from pipeline.predict.evaluate import error_table, gemm_predictions
-from pipeline.predict.gemm import GemmModel, GemmTable, hot_rows
+from pipeline.predict.gemm import GemmModel, GemmTable
+from pipeline.predict.gemm_grids import hot_rows
 
 MB = 1 << 20
 

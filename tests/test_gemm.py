@@ -94,7 +94,7 @@ def test_unknown_dtype_op_and_missing_calibration():
 
 
 def test_capped_cells_extend_the_row_below_additively():
-    from pipeline.predict.gemm import fill_capped
+    from pipeline.predict.gemm_grids import fill_capped
 
     ks = np.array([1.0, 2.0, 4.0])
     # per-wave time of the lower row: 0.1, 0.2, 0.4 (linear in K); the upper row measured
@@ -118,7 +118,7 @@ def test_duration_is_held_below_the_smallest_wave_count():
 
 
 def test_cells_below_the_first_measured_k_never_take_negative_time():
-    from pipeline.predict.gemm import fill_capped
+    from pipeline.predict.gemm_grids import fill_capped
 
     ks = np.array([1.0, 2.0, 4.0])
     # another kernel ran the small-K cells of this row; the row below says time drops faster
@@ -273,7 +273,7 @@ def test_unaligned_twins_price_rows_that_end_mid_cache_line(synthetic_gemm_model
     (and nothing at M >= 256), K one off costs nothing, and one twin was timed in a stall: the
     fitted correction applies 1.5x to unaligned N at M = 16, leaves aligned shapes and M = 1024
     alone, ignores the stalled cell, and saves and loads back."""
-    from pipeline.predict.gemm import is_aligned
+    from pipeline.predict.gemm_grids import is_aligned
 
     table = synthetic_gemm_model.table("mm", "float32")
     sides = [16, 64, 256, 1024]

@@ -87,9 +87,9 @@ def test_rows_timed_into_a_kept_output_give_the_kernel_and_the_faults_cost():
 
 @pytest.mark.parametrize("op", ["mm", "bmm", "linear"])
 def test_the_kept_output_twin_computes_what_the_sweep_timed(op):
-    from pipeline.sweeps.gemm import GemmPoint, gemm_callable, kept_output_callable, output_faulted
+    from pipeline.sweeps.gemm import GemmPoint, gemm_callable, output_faulted
 
-    assert torch.allclose(kept_output_callable(op, "float32", 2, 8, 16, 4, "cpu")(),
+    assert torch.allclose(gemm_callable(op, "float32", 2, 8, 16, 4, "cpu", kept_output=True)(),
                           gemm_callable(op, "float32", 2, 8, 16, 4, "cpu")(), atol=1e-5)
     p = GemmPoint(op, "float32", 1, 1024, 1024, 64, False)  # 4 MB: 1024 pages
     assert output_faulted(1024.0, p) and not output_faulted(10.0, p) and not output_faulted(None, p)

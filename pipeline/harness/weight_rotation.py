@@ -43,14 +43,12 @@ class WeightPool:
         """Copies of a `shape` weight, side by side in the first `nbytes` (default: all) of the
         pool, MAX_COPIES at most; at least two, so consecutive calls never share one (two of a weight larger than
         half the pool overlap; such a weight is past any cache on its own)."""
-        import torch
-
         from pipeline.harness.dtypes import torch_dtype
 
         dt = torch_dtype(dtype)
         elems = int(np.prod(shape))
         flat = self.buf.view(dt)
-        span = min(int(nbytes or self.nbytes), self.nbytes) // torch.tensor([], dtype=dt).element_size()
+        span = min(int(nbytes or self.nbytes), self.nbytes) // flat.element_size()
         copies = min(max(span // max(elems, 1), 2), MAX_COPIES)
         if elems > flat.numel():
             raise ValueError(f"a {shape} {dtype} weight does not fit a {self.nbytes / 2**20:.0f} MB pool")

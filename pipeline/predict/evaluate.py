@@ -1,12 +1,12 @@
 """Held-out evaluation: predictions beside measurements, and PM2Lat Table II style summaries."""
 from __future__ import annotations
 
-import numpy as np
 import pandas as pd
 
 from pipeline.predict.attention import AttentionModel
 from pipeline.predict.embedding import predict_rows
-from pipeline.predict.gemm import COLD_GRIDS, GemmModel
+from pipeline.predict.gemm import GemmModel
+from pipeline.predict.gemm_grids import is_cold
 from pipeline.predict.metrics import rel_err, summarize
 from pipeline.predict.utility import UtilityModel
 
@@ -25,12 +25,11 @@ def gemm_predictions(model: GemmModel, samples: pd.DataFrame) -> pd.DataFrame:
     """Held-out GEMM rows with predicted_us. Rows timed with their weights rotated through
     memory (grid cold_heldout, CPU) are priced wholly cold and reported as their own op
     ("linear cold", layer type "Linear cold"), apart from the hot ones PM2Lat's Table II holds."""
-    cold = samples["grid"].isin(COLD_GRIDS).to_numpy() if "grid" in samples else np.zeros(len(samples), bool)
     out = []
-    for (op, dtype, is_cold), g in samples.assign(_cold=cold).groupby(["op", "dtype", "_cold"]):
+    for (op, dtype, cold), g in samples.assign(_cold=is_cold(samples)).groupby(["op", "dtype", "_cold"]):
         g = g.assign(predicted_us=model.predict(op, dtype, g["m"].to_numpy(), g["n"].to_numpy(), g["k"].to_numpy(),
-                                                g["batch"].to_numpy(), cold=1.0 if is_cold else None))
-        out.append(g.assign(op=op + COLD_SUFFIX) if is_cold else g)
+                                                g["batch"].to_numpy(), cold=1.0 if cold else None))
+        out.append(g.assign(op=op + COLD_SUFFIX) if cold else g)
     df = pd.concat(out).drop(columns="_cold")
     return _with_err(df).assign(layer_type=lambda d: d["op"].map(
         lambda o: layer_type(o.removesuffix(COLD_SUFFIX)) + (COLD_SUFFIX if o.endswith(COLD_SUFFIX) else "")))

@@ -18,6 +18,8 @@ from pipeline.core.dtypes import check_dtype, element_bytes
 from pipeline.core.errors import BadShapeError, MissingModelError, check_positive_arrays
 from pipeline.predict.geometry import grid_position
 from pipeline.predict.geometry import waves as count_waves
+from pipeline.predict.gemm_grids import (LINE_BYTES, UNALIGNED_GRIDS, ends_mid_line, fill_capped, is_aligned,
+                                         is_cold, neighbourhood_median, relative_to_square)
 from pipeline.predict.page_faults import OutputFaults, without_faults
 from pipeline.predict.selector import KernelSelector
 from pipeline.predict.serialize import DataclassJSON
@@ -190,92 +192,7 @@ class GemmTable(DataclassJSON):
         return replace(self, cold_log=np.maximum(grid.to_numpy(float), 0.0))
 
 
-def neighbourhood_median(cells: np.ndarray) -> np.ndarray:
-    """Each cell as the median of the measured cells in its 3 x 3 neighbourhood (0 where none):
-    one twin timed in a slow spell, or a base that stalled (a cell of -6.6 on the EPYC VM
-    beside neighbours of 0.1-0.2), must not price its shapes on its own."""
-    rows, cols = cells.shape
-    out = np.zeros_like(cells)
-    for i in range(rows):
-        for j in range(cols):
-            near = cells[max(i - 1, 0):i + 2, max(j - 1, 0):j + 2]
-            if not np.isnan(near).all():
-                out[i, j] = np.nanmedian(near)
-    return out
-
-
-# Rows that fill whole cache lines are what the grids measured; 64 bytes is the line of every
-# x86-64 and of most ARM server cores. What misalignment costs is measured (the twins), not assumed.
-LINE_BYTES = 64
-UNALIGNED_GRIDS = {"unaligned_n_log": "n", "unaligned_k_log": "k"}
 _GRIDS = ("aspect_m", "aspect_n", "aspect_log", "aspect_k", *UNALIGNED_GRIDS, "cold_log")
-COLD_GRIDS = ("cold_weights", "cold_heldout")  # rows timed with rotated weights (sweeps/gemm.py)
-
-
-def hot_rows(samples: pd.DataFrame) -> pd.DataFrame:
-    """gemm_samples without the rows timed with rotated weights: what models that know nothing
-    of cache state (the MLP baselines, a roofline) are fitted and scored on, as PM2Lat's are."""
-    return samples[~samples["grid"].isin(COLD_GRIDS)] if "grid" in samples else samples
-
-
-def is_aligned(dim, dtype: str) -> np.ndarray:
-    """Whether a row of `dim` elements of `dtype` fills whole cache lines."""
-    return (np.asarray(dim, dtype=np.int64) * element_bytes(dtype)) % LINE_BYTES == 0
-
-
-def ends_mid_line(dim, dtype: str) -> np.ndarray:
-    """Rows longer than a line whose last line is partial: what the twins measured. Rows shorter
-    than a line (K = 1 ... 15 in float32) are on the whole-wave grid's own K and aspect sides;
-    the twins, timed at K = 256, say nothing of them (882 x 1973 x 2 was priced 3x too slow)."""
-    nbytes = np.asarray(dim, dtype=np.int64) * element_bytes(dtype)
-    return (nbytes % LINE_BYTES != 0) & (nbytes > LINE_BYTES)
-
-
-def relative_to_square(grid: pd.DataFrame, tile_m: int = 1, tile_n: int = 1) -> np.ndarray:
-    """Each cell of a (M x N) log-ratio grid minus its anti-diagonal's most square cells in
-    tiles (the same output size M*N, |log(M/tile_m) - log(N/tile_n)| smallest: the shapes the
-    whole-wave table measured, near-square in tiles, so 1:16 in elements for a 1 x 16 tile).
-    The correction is then the aspect's effect alone, 0 where the table was measured, and
-    what the table already gets wrong at that output size (alignment, K) is not counted twice."""
-    logm, logn = np.log2(grid.index.to_numpy(float)), np.log2(grid.columns.to_numpy(float))
-    vals = grid.to_numpy(float)
-    size = np.round(logm[:, None] + logn[None, :], 6)
-    skew = np.round(np.abs((logm[:, None] - np.log2(tile_m)) - (logn[None, :] - np.log2(tile_n))), 6)
-    out = np.full_like(vals, np.nan)
-    for s in np.unique(size):
-        on = (size == s) & ~np.isnan(vals)
-        if on.any():
-            square = on & (skew == skew[on].min())
-            out[size == s] = vals[size == s] - vals[square].mean()
-    return out
-
-
-def fill_capped(thr: np.ndarray, ks: np.ndarray) -> np.ndarray:
-    """Fill the cells of a kernel's (waves x K) table that were not measured: large-K cells
-    the sweep's FLOP cap skipped, and cells where another kernel ran instead.
-
-    Latency grows linearly in K at fixed waves (PM2Lat Fig. 3), so a missing cell is this
-    row's nearest measured time per wave plus the change the next smaller wave row shows
-    between the two K: fixed costs measured in this row (on the CPU, page faults of a fresh
-    output buffer) are kept once, not scaled with K. Time never falls as K grows.
-    """
-    out = thr.copy()
-    for i, row in enumerate(out):
-        have = ~np.isnan(row)
-        if have.all():
-            continue
-        if not have.any():
-            raise ValueError(f"wave row {i} has no measured K at all")
-        if i == 0:  # nothing below to borrow from: hold the nearest measured throughput
-            row[~have] = np.interp(np.flatnonzero(~have), np.flatnonzero(have), row[have])
-            continue
-        measured, miss = np.flatnonzero(have), np.flatnonzero(~have)
-        j = measured[np.abs(measured[None, :] - miss[:, None]).argmin(axis=1)]  # nearest measured K
-        per_wave = ks / out[i - 1]  # time per wave, up to a constant factor that cancels
-        mine = ks[j] / row[j]
-        floor = np.where(miss > j, mine, mine * ks[miss] / ks[j])
-        row[miss] = ks[miss] / np.maximum(mine + per_wave[miss] - per_wave[j], floor)
-    return out
 
 
 def selector_labels(samples, choices, tables):
@@ -330,9 +247,9 @@ class GemmModel:
         grid = samples["grid"] if "grid" in samples else pd.Series("waves", index=samples.index)
         is_twin = grid.isin([name.removesuffix("_log") for name in UNALIGNED_GRIDS]).to_numpy()
         is_aspect = (grid == "aspect").to_numpy()
-        is_cold = grid.isin(COLD_GRIDS).to_numpy()
-        twins, aspect, cold = samples[is_twin], samples[is_aspect], samples[is_cold]
-        samples = samples[~(is_twin | is_aspect | is_cold)]
+        cold_rows = is_cold(samples)
+        twins, aspect, cold = samples[is_twin], samples[is_aspect], samples[cold_rows]
+        samples = samples[~(is_twin | is_aspect | cold_rows)]
         tables = {}
         for (op, dtype, kernel), g in samples.groupby(["op", "dtype", "kernel"]):
             tm, tn = (int(g[c].mode().iloc[0]) for c in ("tile_m", "tile_n"))

@@ -226,9 +226,10 @@ def price_graph(graph: ExecutionGraph, shapes: dict, gemm_model, utility_model, 
 
 
 def _price_gemm(gemm_model, model_op: str, dtype: str, dims, cold: float | None, why: str) -> float:
-    """A GEMM's price; with its weights' cold share where the model has one (weights_uncached).
-    nn.Linear's mm falls back to the mm table where no linear one was calibrated."""
-    kw = {"cold": cold} if cold is not None and model_op in WEIGHT_OPS else {}
+    """A GEMM's price; with its weights' cold share where the model has one (uncached_weights:
+    only a table with a cold-weight correction, mm and linear, applies it). nn.Linear's mm falls
+    back to the mm table where no linear one was calibrated."""
+    kw = {"cold": cold} if cold is not None else {}
     try:
         return float(gemm_model.predict(model_op, dtype, *dims, **kw))
     except MissingModelError:

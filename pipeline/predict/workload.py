@@ -15,9 +15,9 @@ LAYER_TYPE = {"mm": "MM", "bmm": "BMM", "linear": "Linear", "softmax": "Softmax"
 
 
 def predict_op_us(op: Op, dtype: str, gemm: GemmModel, utility: UtilityModel, cold: float | None = None) -> float:
-    """`cold`: the share of the weights of mm and linear ops read from memory (weights_cold)."""
+    """`cold`: the share of the GEMM weights read from memory (weights_cold); only tables with a
+    cold-weight correction (mm and linear) apply it."""
     if isinstance(op, GemmOp):
-        cold = cold if op.op in WEIGHT_OPS else None
         return float(gemm.predict(op.op, dtype, op.m, op.n, op.k, op.batch, cold=cold)) * op.count
     if isinstance(op, UtilityOp):
         return float(utility.predict(op.op, dtype, op.rows, op.cols)) * op.count

@@ -17,6 +17,7 @@ from pipeline.harness.page_faults import fault_us_per_page
 from pipeline.harness.progress import Progress
 from pipeline.harness.stalls import remeasure_stalled
 from pipeline.harness.timer import measure
+from pipeline.predict.gemm_grids import COLD_GRID, COLD_HELDOUT, COLD_GRIDS
 from pipeline.predict.geometry import blocks, waves, whole_wave_shape
 from pipeline.sweeps.cpu_kernels import ATEN_KERNEL, cpu_kernel_name
 from pipeline.sweeps.profiles import Profile, wave_counts
@@ -124,7 +125,9 @@ def heldout_points(dev: DeviceIdentity, profile: Profile, seed: int = 0) -> list
             for b, m, nn, k in random_shapes(op, profile, profile.heldout_per_op, rng)]
 
 
-def gemm_callable(op: str, dtype: str, b: int, m: int, n: int, k: int, device: str):
+def gemm_callable(op: str, dtype: str, b: int, m: int, n: int, k: int, device: str, kept_output: bool = False):
+    """A call of the GEMM; `kept_output`: writing into one output kept across calls (out=), its
+    time without the page faults of a fresh output, which the allocator's reuse spares a model."""
     import torch
 
     torch.manual_seed(0)
@@ -132,36 +135,25 @@ def gemm_callable(op: str, dtype: str, b: int, m: int, n: int, k: int, device: s
     kw = dict(dtype=dt, device=device)
     if op == "bmm":
         a, w = torch.randn(b, m, k, **kw), torch.randn(b, k, n, **kw)
-        return lambda: torch.bmm(a, w)
-    if op == "mm":
-        a, w = torch.randn(m, k, **kw), torch.randn(k, n, **kw)
-        return lambda: torch.mm(a, w)
-    a, w, bias = torch.randn(m, k, **kw), torch.randn(n, k, **kw), torch.randn(n, **kw)
-    return lambda: torch.nn.functional.linear(a, w, bias)
-
-
-def kept_output_callable(op: str, dtype: str, b: int, m: int, n: int, k: int, device: str):
-    """The GEMM of gemm_callable writing into one output kept across calls (out=): its time
-    without the page faults of a fresh output, which the allocator's reuse spares a model."""
-    import torch
-
-    torch.manual_seed(0)
-    kw = dict(dtype=torch_dtype(dtype), device=device)
-    if op == "bmm":
-        a, w, out = torch.randn(b, m, k, **kw), torch.randn(b, k, n, **kw), torch.empty(b, m, n, **kw)
+        out = torch.empty(b, m, n, **kw) if kept_output else None
         return lambda: torch.bmm(a, w, out=out)
     if op == "mm":
-        a, w, out = torch.randn(m, k, **kw), torch.randn(k, n, **kw), torch.empty(m, n, **kw)
+        a, w = torch.randn(m, k, **kw), torch.randn(k, n, **kw)
+        out = torch.empty(m, n, **kw) if kept_output else None
         return lambda: torch.mm(a, w, out=out)
-    a, w, bias, out = torch.randn(m, k, **kw), torch.randn(n, k, **kw), torch.randn(n, **kw), torch.empty(m, n, **kw)
-    return lambda: torch.addmm(bias, a, w.t(), out=out)  # F.linear's own computation; it has no out=
+    a, w, bias = torch.randn(m, k, **kw), torch.randn(n, k, **kw), torch.randn(n, **kw)
+    if kept_output:  # F.linear has no out=; addmm is its computation
+        out = torch.empty(m, n, **kw)
+        return lambda: torch.addmm(bias, a, w.t(), out=out)
+    return lambda: torch.nn.functional.linear(a, w, bias)
 
 
 def output_faulted(faults_per_call: float | None, p: GemmPoint) -> bool:
     """Whether a call faulted in at least half its output's pages (a fresh mapping each call)."""
     from pipeline.core.dtypes import element_bytes
+    from pipeline.predict.page_faults import PAGE_BYTES
 
-    pages = p.batch * p.m * p.n * element_bytes(p.dtype) / 4096
+    pages = p.batch * p.m * p.n * element_bytes(p.dtype) / PAGE_BYTES
     return faults_per_call is not None and pages >= 1 and faults_per_call >= 0.5 * pages
 
 
@@ -207,10 +199,6 @@ def cpu_tiles(dev: DeviceIdentity, profile: Profile, log=None) -> dict[tuple[str
             kernel = cpu_kernel_name(gemm(op, dtype, PROBE_OTHER, 16, PROBE_OTHER))  # for the log line only
             (log or print)(f"gemm_samples: {op} {dtype} pads M by {tm} and N by {tn} ({kernel})")
     return out
-
-
-# Grids timed with the weights rotated through memory (harness/weight_rotation.py)
-COLD_GRID, COLD_HELDOUT = "cold_weights", "cold_heldout"
 
 
 def cold_points(dev: DeviceIdentity, profile: Profile, cache_bytes: int | None,
@@ -281,7 +269,7 @@ def sweep_gemm(dev: DeviceIdentity, profile: Profile, log=None) -> list[dict]:
 
     def make(p: GemmPoint):
         set_tf32(p.dtype)
-        if p.grid in (COLD_GRID, COLD_HELDOUT):
+        if p.grid in COLD_GRIDS:
             from pipeline.harness.weight_rotation import rotating_gemm
             return rotating_gemm(p.op, p.dtype, p.m, p.n, p.k, pool, rotation)
         return gemm_callable(p.op, p.dtype, p.batch, p.m, p.n, p.k, dev.torch_device)
@@ -302,9 +290,9 @@ def sweep_gemm(dev: DeviceIdentity, profile: Profile, log=None) -> list[dict]:
             "flops": 2 * p.batch * p.m * p.n * p.k, "held_out": p.held_out, "grid": p.grid,
             **meas.row(profile.gemm_timing.cv_threshold), **faults,
         }
-        if dev.kind == "cpu" and p.grid not in (COLD_GRID, COLD_HELDOUT) and output_faulted(
+        if dev.kind == "cpu" and p.grid not in COLD_GRIDS and output_faulted(
                 rows[i].get("faults_per_call"), p):  # the same GEMM into a kept output: the faults' cost
-            kept = kept_output_callable(p.op, p.dtype, p.batch, p.m, p.n, p.k, dev.torch_device)
+            kept = gemm_callable(p.op, p.dtype, p.batch, p.m, p.n, p.k, dev.torch_device, kept_output=True)
             rows[i]["kept_us"] = measure(kept, profile.gemm_timing, dev.torch_device).median_us
         prog.step(f"{p.op} {p.dtype} b={p.batch} {p.m}x{p.n}x{p.k}")
     remeasure_stalled(rows, [lambda p=p: make(p) for p in pts], profile.gemm_timing, dev.torch_device,

@@ -1,0 +1,104 @@
+"""The CPU GEMM sweep's extra grids as the GEMM model reads them (no torch): their names, the
+cache-line alignment of a shape's rows, and the helpers that turn a grid's cells into a
+correction over the (M x N) lattice or fill the cells the sweep's caps skipped (gemm.py)."""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from pipeline.core.dtypes import element_bytes
+
+
+def neighbourhood_median(cells: np.ndarray) -> np.ndarray:
+    """Each cell as the median of the measured cells in its 3 x 3 neighbourhood (0 where none):
+    one twin timed in a slow spell, or a base that stalled (a cell of -6.6 on the EPYC VM
+    beside neighbours of 0.1-0.2), must not price its shapes on its own."""
+    rows, cols = cells.shape
+    out = np.zeros_like(cells)
+    for i in range(rows):
+        for j in range(cols):
+            near = cells[max(i - 1, 0):i + 2, max(j - 1, 0):j + 2]
+            if not np.isnan(near).all():
+                out[i, j] = np.nanmedian(near)
+    return out
+
+
+# Rows that fill whole cache lines are what the grids measured; 64 bytes is the line of every
+# x86-64 and of most ARM server cores. What misalignment costs is measured (the twins), not assumed.
+LINE_BYTES = 64
+UNALIGNED_GRIDS = {"unaligned_n_log": "n", "unaligned_k_log": "k"}
+# Rows timed with their weights rotated through memory (sweeps/gemm.py): the aspect grid's twins
+# (fit the cold correction) and the held-out ones (scored priced cold)
+COLD_GRID, COLD_HELDOUT = "cold_weights", "cold_heldout"
+COLD_GRIDS = (COLD_GRID, COLD_HELDOUT)
+
+
+def is_cold(samples: pd.DataFrame) -> np.ndarray:
+    """Mask of the gemm_samples rows timed with rotated weights (none in tables without `grid`)."""
+    return samples["grid"].isin(COLD_GRIDS).to_numpy() if "grid" in samples else np.zeros(len(samples), bool)
+
+
+def hot_rows(samples: pd.DataFrame) -> pd.DataFrame:
+    """gemm_samples without the rows timed with rotated weights: what models that know nothing
+    of cache state (the MLP baselines, a roofline) are fitted and scored on, as PM2Lat's are."""
+    return samples[~is_cold(samples)]
+
+
+def is_aligned(dim, dtype: str) -> np.ndarray:
+    """Whether a row of `dim` elements of `dtype` fills whole cache lines."""
+    return (np.asarray(dim, dtype=np.int64) * element_bytes(dtype)) % LINE_BYTES == 0
+
+
+def ends_mid_line(dim, dtype: str) -> np.ndarray:
+    """Rows longer than a line whose last line is partial: what the twins measured. Rows shorter
+    than a line (K = 1 ... 15 in float32) are on the whole-wave grid's own K and aspect sides;
+    the twins, timed at K = 256, say nothing of them (882 x 1973 x 2 was priced 3x too slow)."""
+    nbytes = np.asarray(dim, dtype=np.int64) * element_bytes(dtype)
+    return (nbytes % LINE_BYTES != 0) & (nbytes > LINE_BYTES)
+
+
+def relative_to_square(grid: pd.DataFrame, tile_m: int = 1, tile_n: int = 1) -> np.ndarray:
+    """Each cell of a (M x N) log-ratio grid minus its anti-diagonal's most square cells in
+    tiles (the same output size M*N, |log(M/tile_m) - log(N/tile_n)| smallest: the shapes the
+    whole-wave table measured, near-square in tiles, so 1:16 in elements for a 1 x 16 tile).
+    The correction is then the aspect's effect alone, 0 where the table was measured, and
+    what the table already gets wrong at that output size (alignment, K) is not counted twice."""
+    logm, logn = np.log2(grid.index.to_numpy(float)), np.log2(grid.columns.to_numpy(float))
+    vals = grid.to_numpy(float)
+    size = np.round(logm[:, None] + logn[None, :], 6)
+    skew = np.round(np.abs((logm[:, None] - np.log2(tile_m)) - (logn[None, :] - np.log2(tile_n))), 6)
+    out = np.full_like(vals, np.nan)
+    for s in np.unique(size):
+        on = (size == s) & ~np.isnan(vals)
+        if on.any():
+            square = on & (skew == skew[on].min())
+            out[size == s] = vals[size == s] - vals[square].mean()
+    return out
+
+
+def fill_capped(thr: np.ndarray, ks: np.ndarray) -> np.ndarray:
+    """Fill the cells of a kernel's (waves x K) table that were not measured: large-K cells
+    the sweep's FLOP cap skipped, and cells where another kernel ran instead.
+
+    Latency grows linearly in K at fixed waves (PM2Lat Fig. 3), so a missing cell is this
+    row's nearest measured time per wave plus the change the next smaller wave row shows
+    between the two K: fixed costs measured in this row (on the CPU, page faults of a fresh
+    output buffer) are kept once, not scaled with K. Time never falls as K grows.
+    """
+    out = thr.copy()
+    for i, row in enumerate(out):
+        have = ~np.isnan(row)
+        if have.all():
+            continue
+        if not have.any():
+            raise ValueError(f"wave row {i} has no measured K at all")
+        if i == 0:  # nothing below to borrow from: hold the nearest measured throughput
+            row[~have] = np.interp(np.flatnonzero(~have), np.flatnonzero(have), row[have])
+            continue
+        measured, miss = np.flatnonzero(have), np.flatnonzero(~have)
+        j = measured[np.abs(measured[None, :] - miss[:, None]).argmin(axis=1)]  # nearest measured K
+        per_wave = ks / out[i - 1]  # time per wave, up to a constant factor that cancels
+        mine = ks[j] / row[j]
+        floor = np.where(miss > j, mine, mine * ks[miss] / ks[j])
+        row[miss] = ks[miss] / np.maximum(mine + per_wave[miss] - per_wave[j], floor)
+    return out

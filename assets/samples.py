@@ -19,9 +19,11 @@ from assets.common import device_check, image_md, md_table, metadata_table, roun
 from assets.factories import CHARACTERIZE, sample_asset, timing_checks
 from assets.opencl import LAUNCH_CHECKS, launch_report
 from pipeline.analysis.drift import ALL, devices_verdict
-from pipeline.analysis.plots import attention_throughput_vs_seq, latency_vs_bytes, throughput_vs_k
+from pipeline.analysis.plots import (attention_seq_scan_plot, attention_throughput_vs_seq, latency_vs_bytes,
+                                    throughput_vs_k)
 from pipeline.analysis.run_report import noisy_shares
 from pipeline.orchestration.partitions import devices
+from pipeline.predict.attention import BASE_GRID, SCAN_GRID, fit_alignment, grid_of
 from resources.devices import DeviceRunner
 from resources.quality import QualityGates
 from resources.warehouse import DuckDBWarehouse
@@ -63,16 +65,27 @@ def utility_samples(df: pd.DataFrame, device: str) -> dict:
 @sample_asset(sweep="attention")
 def attention_samples(df: pd.DataFrame, device: str) -> dict:
     """SDPA timings per backend (flash, math; efficient and cudnn on CUDA): seq x batch*heads grid per
-    head_dim and causal flag, plus held-out random shapes."""
-    png = attention_throughput_vs_seq(df[~df["held_out"]])
+    head_dim and causal flag, plus held-out random shapes; on a CPU, a scan of seq for the kv
+    alignment period and, where there is one, the grid again at seq - 1."""
+    grid = grid_of(df)
+    png = attention_throughput_vs_seq(df[grid == BASE_GRID])
     save_plot(png, device, "attention_throughput_vs_seq")
-    summary = (df.assign(tflops=df["flops"] / df["median_us"] / 1e6)
-               .groupby(["backend", "dtype", "held_out"])
+    summary = (df.assign(tflops=df["flops"] / df["median_us"] / 1e6, grid=grid)
+               .groupby(["backend", "dtype", "grid"])
                .agg(rows=("seq_q", "size"), best_tflops=("tflops", "max"), median_us=("median_us", "median"))
                .reset_index())
-    return {"held_out_rows": int(df["held_out"].sum()), "backends": ", ".join(sorted(df["backend"].unique())),
-            "summary": md_table(summary),
-            "throughput_vs_seq": image_md(png, "Attention throughput vs seq (smallest batch)")}
+    out = {"held_out_rows": int(df["held_out"].sum()), "backends": ", ".join(sorted(df["backend"].unique())),
+           "summary": md_table(summary),
+           "throughput_vs_seq": image_md(png, "Attention throughput vs seq (smallest batch)")}
+    scan = df[grid == SCAN_GRID]
+    if len(scan):
+        alignment = fit_alignment(scan)
+        out["kv_alignment_period"] = ", ".join(f"{b} {dt}: {alignment.get((b, dt), {}).get('period', 'none')}"
+                                               for (b, dt), _ in scan.groupby(["backend", "dtype"]))
+        scan_png = attention_seq_scan_plot(scan, alignment)
+        save_plot(scan_png, device, "attention_seq_scan")
+        out["seq_scan"] = image_md(scan_png, "Attention time vs seq: the kv alignment scan")
+    return out
 
 
 def _kernel_summary(df: pd.DataFrame, kernel: str) -> dict:

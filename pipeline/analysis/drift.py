@@ -36,13 +36,15 @@ from pipeline.analysis.quality import Gates
 DRIFT_KEYS: dict[str, tuple[str, list[str]]] = {
     "gemm_samples": ("op", ["op", "dtype", "layout", "batch", "m", "n", "k", "grid"]),
     "utility_samples": ("op", ["op", "dtype", "rows", "cols", "shape"]),
-    "attention_samples": ("backend", ["backend", "dtype", "batch", "heads", "seq_q", "seq_kv", "head_dim", "causal"]),
+    "attention_samples": ("backend", ["backend", "dtype", "batch", "heads", "seq_q", "seq_kv", "head_dim", "causal",
+                                      "grid"]),
     "embedding_samples": ("direction", ["direction", "dtype", "B", "E", "T", "L", "D", "cold"]),
     "memory_samples": ("op", ["op", "dtype", "batch", "m", "n", "k", "shape"]),
 }
-# Optional key columns and the value a row written before the column existed stands for
-# (embedding rows before cold timings were all hot).
-KEY_DEFAULTS = {"cold": False, "grid": "waves"}
+# Per table, optional key columns and the value a row written before the column existed stands
+# for (embedding rows before cold timings were all hot; grids before the extra grids, the base one).
+KEY_DEFAULTS = {"embedding_samples": {"cold": False}, "gemm_samples": {"grid": "waves"},
+                "attention_samples": {"grid": "seq"}}
 MIN_TABLES_MOVED = 2  # sample tables flagged in one run for the device as a whole to count as changed
 
 ALL = "all"  # op and dtype of the row that pools every point of a table
@@ -55,8 +57,8 @@ def run_id_of(rows: pd.DataFrame) -> str:
     return ",".join(ids)
 
 
-def _with_key_defaults(rows: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
-    fill = {k: v for k, v in KEY_DEFAULTS.items() if k in keys}
+def _with_key_defaults(rows: pd.DataFrame, table: str) -> pd.DataFrame:
+    fill = KEY_DEFAULTS.get(table, {})
     if not fill:
         return rows
     rows = rows.assign(**{k: v for k, v in fill.items() if k not in rows})
@@ -67,7 +69,7 @@ def table_drift(previous: pd.DataFrame, new: pd.DataFrame, table: str, gates: Ga
     """One row per (op, dtype) that both runs measured (COLUMNS; kind "samples")."""
     op_col, keys = DRIFT_KEYS[table]
     cols = [*keys, "median_us", "p20_us", "p80_us"]
-    previous, new = _with_key_defaults(previous, keys), _with_key_defaults(new, keys)
+    previous, new = _with_key_defaults(previous, table), _with_key_defaults(new, table)
     if not all(c in previous and c in new for c in cols):  # rows written before a column existed
         return pd.DataFrame(columns=COLUMNS)
     both = new[cols].merge(previous[cols], on=keys, suffixes=("", "_prev"))

@@ -38,11 +38,13 @@ def to_png(plt, fig, axes, used: int) -> bytes:
 
 
 def panel_per_group(groups, draw) -> bytes:
-    """One panel per (key, frame) in `groups`: draw(ax, key, frame) plots it; each panel gets a legend."""
+    """One panel per (key, frame) in `groups`: draw(ax, key, frame) plots it; a panel with
+    labelled lines gets a legend."""
     plt, fig, axes = new_figure(len(groups))
     for ax, (key, g) in zip(axes, groups):
         draw(ax, key, g)
-        ax.legend(fontsize=6)
+        if ax.get_legend_handles_labels()[1]:
+            ax.legend(fontsize=6)
     return to_png(plt, fig, axes, len(groups))
 
 
@@ -100,6 +102,23 @@ def attention_throughput_vs_seq(train) -> bytes:
         label_axes(ax, f"{backend} {dtype} (bh={int(g['batch'].min() * g['heads'].min())})", "seq", "TFLOP/s",
                loglog=False)
         ax.set_xscale("log", base=2)
+
+    return panel_per_group(groups, draw)
+
+
+def attention_seq_scan_plot(scan, alignment: dict) -> bytes:
+    """The kv alignment scan: time vs seq at one shape per (backend, dtype), the multiples of
+    the period found (predict/attention_align.py) marked; the title says the period."""
+    groups = list(scan.groupby(["backend", "dtype"]))
+
+    def draw(ax, key, g):
+        g = g.sort_values("seq_kv")
+        ax.plot(g["seq_kv"], g["median_us"], lw=0.8, marker=".", ms=2)
+        period = (alignment.get(tuple(key)) or {}).get("period")
+        if period:
+            on = g[g["seq_kv"] % period == 0]
+            ax.plot(on["seq_kv"], on["median_us"], "o", ms=4, label=f"multiples of {period}")
+        label_axes(ax, f"{key[0]} {key[1]}: period {period or 'none'}", "seq (q = kv)", "us", loglog=False)
 
     return panel_per_group(groups, draw)
 

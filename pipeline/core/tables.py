@@ -66,7 +66,7 @@ CONTRACT: dict[str, Table] = {
                                 "bytes_read": "float", "bytes_written": "float", "flops": "float", "held_out": "bool"}),
     "attention_samples": _sample({"backend": "str", "dtype": "str", "batch": "int", "heads": "int", "seq_q": "int",
                                   "seq_kv": "int", "head_dim": "int", "causal": "bool", "flops": "float",
-                                  "held_out": "bool"}),
+                                  "held_out": "bool"}, {"grid": "str"}),
     "embedding_samples": _sample({"direction": "str", "B": "int", "E": "int", "T": "int", "L": "int", "D": "int",
                                   "dtype": "str", "shape": "str", "bytes": "float", "index_bytes": "int",
                                   "l2_bytes": "int", "llc_bytes": "int", "units": "int", "rows_per_block": "int",

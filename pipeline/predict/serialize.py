@@ -20,7 +20,7 @@ OP_DTYPE = ("op", "dtype")  # the key of most calibrations: one fit per (op, dty
 
 def _restore(hint, value):
     """value as JSON held it, back to the field's annotated type."""
-    if hint is np.ndarray:
+    if hint is np.ndarray or (value is not None and np.ndarray in get_args(hint)):  # also `np.ndarray | None`
         return np.array(value, float)  # the grids and throughputs saved so far are all float
     if get_origin(hint) is dict:
         value_hint = get_args(hint)[1]

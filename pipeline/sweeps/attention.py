@@ -6,6 +6,11 @@ by batch x heads ("bh", heads fixed at 8 and batch in powers of the profile's st
 each head_dim and causal flag. Random held-out shapes (non-power-of-two seq, other head
 counts and head dims) are measured beside them and never used for fitting.
 
+CPU, profiles with `attention_seq_scan`: per (backend, dtype) every seq from SCAN_SEQS is timed
+at one shape first (grid "seq_scan"); where it shows an alignment period of the kv length
+(predict/attention_align.py), the grid is timed again at seq - 1 (grid "unaligned", the
+period's worst tail), from which the model learns what a tail costs at each shape.
+
 A backend that has no kernel for a dtype or shape ("no available kernel" / "no viable
 backend") records nothing for it; nor does a point that runs out of device memory.
 """
@@ -20,7 +25,8 @@ from pipeline.core.dtypes import dtypes_for
 from pipeline.harness.dtypes import torch_dtype
 from pipeline.harness.progress import Progress
 from pipeline.harness.timer import measure
-from pipeline.predict.attention import attention_flops
+from pipeline.predict.attention import BASE_GRID, HELDOUT_GRID, SCAN_GRID, TWIN_GRID, attention_flops
+from pipeline.predict.attention_align import find_period
 from pipeline.sweeps.profiles import Profile
 
 # Table name (pipeline.predict.attention.ATTENTION_BACKENDS) -> torch.nn.attention.SDPBackend member.
@@ -36,6 +42,10 @@ HELDOUT_HEAD_DIMS = (32, 64, 80, 96, 128)  # 80 and 96 are interpolated between 
 # larger points are skipped rather than risk an out-of-memory in the middle of a sweep.
 MATH_MAX_SCORE_BYTES = 1 << 31
 _NO_KERNEL = ("no available kernel", "no viable backend", "no execution plan")  # CUDA, CPU, cuDNN
+# The seq scan: every seq in [2, 6] x MIN_SEQ (and one below) holds odd multiples of each
+# candidate period up to 64, so a period of 16 is told from one of 8 or 32 (find_period).
+SCAN_SEQS = range(2 * MIN_SEQ - 1, 6 * MIN_SEQ + 1)
+SCAN_HEAD_DIM = 64
 
 
 @dataclass(frozen=True)
@@ -47,6 +57,7 @@ class AttentionPoint:
     head_dim: int
     causal: bool
     held_out: bool
+    grid: str = BASE_GRID
 
 
 def seqs(profile: Profile) -> list[int]:
@@ -91,10 +102,21 @@ def heldout_points(profile: Profile, seed: int = 2) -> list[AttentionPoint]:
         bh = float(np.exp(rng.uniform(np.log(HEADS), np.log(bh_max))))
         s = int(round(float(np.exp(rng.uniform(lo, hi)))))
         p = AttentionPoint(max(1, round(bh / heads)), heads, s, s, int(rng.choice(HELDOUT_HEAD_DIMS)),
-                           bool(rng.integers(2)), True)
+                           bool(rng.integers(2)), True, HELDOUT_GRID)
         if _fits(p, profile):
             pts.append(p)
     return pts
+
+
+def scan_points() -> list[AttentionPoint]:
+    """One shape (batch 1, HEADS heads, head_dim 64, not causal) at every seq of SCAN_SEQS."""
+    return [AttentionPoint(1, HEADS, s, s, SCAN_HEAD_DIM, False, False, SCAN_GRID) for s in SCAN_SEQS]
+
+
+def twin_points(training: list[AttentionPoint]) -> list[AttentionPoint]:
+    """The training grid at seq - 1: each period's worst tail, beside the aligned seq it interpolates."""
+    return [AttentionPoint(p.batch, p.heads, p.seq_q - 1, p.seq_kv - 1, p.head_dim, p.causal, False, TWIN_GRID)
+            for p in training]
 
 
 def _sdpa_callable(backend: str, dtype: str, p: AttentionPoint, device: str):
@@ -146,28 +168,47 @@ def sweep_attention(dev: DeviceIdentity, profile: Profile, log=None) -> list[dic
 
     if dev.kind == "cuda":  # float32 means float32 math here, whatever a GEMM sweep before left set
         torch.backends.cuda.matmul.allow_tf32 = False
-    pts = training_points(profile) + heldout_points(profile)
+    train = training_points(profile)
+    pts = train + heldout_points(profile)
+    scan = scan_points() if dev.kind == "cpu" and profile.attention_seq_scan else []
     combos = [(be, dt) for be in BACKENDS[dev.kind] for dt in dtypes_for(dev.kind) if dt != "tf32"]
-    prog = Progress("attention_samples", len(pts) * len(combos), log)
+    prog = Progress("attention_samples", (len(scan) + len(pts)) * len(combos), log)
     rows, skipped = [], 0
+
+    def run(backend: str, dtype: str, todo: list[AttentionPoint]) -> list[dict]:
+        nonlocal skipped
+        out = []
+        for p in todo:
+            meas = None
+            if _supported(backend, p):
+                meas = _measure(backend, _sdpa_callable(backend, dtype, p, dev.torch_device), dev, profile)
+            if meas is None:
+                skipped += 1
+                prog.step(f"{backend} {dtype}: skipped")
+                continue
+            out.append(_row(backend, dtype, p, meas, profile))
+            prog.step(f"{backend} {dtype} b={p.batch} h={p.heads} s={p.seq_q} d={p.head_dim} causal={p.causal}")
+        return out
+
     with warnings.catch_warnings():  # SDPA warns for every shape a backend rejects; the skip count says it once
         warnings.simplefilter("ignore", UserWarning)
         for backend, dtype in combos:
-            for p in pts:
-                meas = None
-                if _supported(backend, p):
-                    meas = _measure(backend, _sdpa_callable(backend, dtype, p, dev.torch_device), dev, profile)
-                if meas is None:
-                    skipped += 1
-                    prog.step(f"{backend} {dtype}: skipped")
-                    continue
-                rows.append({
-                    "backend": backend, "dtype": dtype, "batch": p.batch, "heads": p.heads, "seq_q": p.seq_q,
-                    "seq_kv": p.seq_kv, "head_dim": p.head_dim, "causal": p.causal,
-                    "flops": float(attention_flops(p.batch, p.heads, p.seq_q, p.seq_kv, p.head_dim, p.causal)),
-                    "held_out": p.held_out, **meas.row(profile.attention_timing.cv_threshold),
-                })
-                prog.step(f"{backend} {dtype} b={p.batch} h={p.heads} s={p.seq_q} d={p.head_dim} causal={p.causal}")
+            scanned = run(backend, dtype, scan)
+            period = find_period([r["seq_kv"] for r in scanned], [r["median_us"] for r in scanned]) if scanned \
+                else None
+            twins = twin_points(train) if period else []
+            if scan:
+                prog.log(f"[attention_samples] {backend} {dtype}: kv alignment period "
+                         f"{period or 'none found'}{f'; timing {len(twins)} twins at seq - 1' if twins else ''}")
+            prog.total += len(twins)
+            rows += scanned + run(backend, dtype, pts + twins)
     if skipped:
         prog.log(f"[attention_samples] {skipped} (backend, dtype, shape) points have no kernel here: not recorded")
     return rows
+
+
+def _row(backend: str, dtype: str, p: AttentionPoint, meas, profile: Profile) -> dict:
+    return {"backend": backend, "dtype": dtype, "batch": p.batch, "heads": p.heads, "seq_q": p.seq_q,
+            "seq_kv": p.seq_kv, "head_dim": p.head_dim, "causal": p.causal,
+            "flops": float(attention_flops(p.batch, p.heads, p.seq_q, p.seq_kv, p.head_dim, p.causal)),
+            "held_out": p.held_out, "grid": p.grid, **meas.row(profile.attention_timing.cv_threshold)}

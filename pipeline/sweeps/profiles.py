@@ -38,6 +38,9 @@ class Profile:
     attention_max_batch: int = 4
     attention_batch_step: int = 2
     attention_max_point_flops: float = 1e8  # larger (batch, seq) points are skipped and filled at fit time
+    # CPU only: scan every seq in one range for the kv alignment period and, where there is one,
+    # time the grid again at seq - 1 (sweeps/attention.py, predict/attention_align.py)
+    attention_seq_scan: bool = False
     # CPU only: K values of the aspect grid (M and N over powers of 4, off the whole-wave
     # diagonal), from which the GEMM model learns how skinny or wide shapes run against the
     # near-square ones at the same output size (predict/gemm.py, AspectCorrection)
@@ -111,6 +114,7 @@ PROFILES = {
         gemm_cold_weights=True,
         workload_configs="quick", workload_batches=(1, 4, 8), workload_seqs=(128,),
         attention_max_seq=256, attention_max_batch=4, attention_max_point_flops=1e8, attention_heldout=12,
+        attention_seq_scan=True,
     ),
     # PM2Lat's protocol and evaluation ranges: >= 25 runs and ~500 ms per point; 1000 held-out shapes.
     "full": Profile(
@@ -124,6 +128,7 @@ PROFILES = {
         dlrm_configs="full", dlrm_batches=(512, 1024, 2048, 4096), reference_shapes_per_source=0,
         attention_max_seq=8192, attention_max_batch=64, attention_max_point_flops=1e15, attention_heldout=200,
         attention_timing=TimingSpec(warmup_s=0.05, budget_s=0.2, min_reps=25, max_reps=10000, flush_l2=True),
+        attention_seq_scan=True,
         # the whole corpus (~2400 kernels) x 2 methods x 4 lsizes x (16 + 4): ~10^5-10^6 launches, resumable
         opencl_kernels=1_000_000, opencl_lsizes=4, opencl_settings=16, opencl_rebalance=4, opencl_memory_plans=4,
         opencl_max_combos=36, opencl_max_lsize=1024, opencl_max_buffer_mb=512,

@@ -329,3 +329,14 @@ def test_the_aspect_correction_follows_k(synthetic_gemm_model):
     # a table saved with one correction over all K (before aspect_k) loads and prices as it did
     flat = replace(fixed, aspect_log=np.log(np.full((4, 4), 2.0)), aspect_k=None)
     assert float(GemmTable.from_dict(json.loads(json.dumps(flat.to_dict()))).aspect_factor(1, 64, 64)) == pytest.approx(2.0)
+
+
+def test_the_probe_keeps_the_step_found_most_often(monkeypatch):
+    from pipeline.sweeps import tile_probe
+
+    assert tile_probe.most_often([16, 1, 16]) == 16 and tile_probe.most_often([1, 1, 16]) == 1
+    assert tile_probe.most_often([1, 16, 4]) == 16  # all once: the larger
+    found = iter([16, 1, 1, 1, 16, 1])  # rounds alternate N, M: N 16, 1, 16; M 1, 1, 1
+    monkeypatch.setattr(tile_probe, "granularity", lambda xs, ts: next(found))
+    monkeypatch.setattr(tile_probe, "WARMUP_S", 0.0)
+    assert tile_probe.probe_tile(lambda m, n, k: 1.0) == (1, 16)

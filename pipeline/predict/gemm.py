@@ -20,6 +20,7 @@ from pipeline.predict.geometry import grid_position
 from pipeline.predict.geometry import waves as count_waves
 from pipeline.predict.gemm_grids import (LINE_BYTES, UNALIGNED_GRIDS, ends_mid_line, fill_capped, is_aligned,
                                          is_cold, neighbourhood_median, relative_to_square)
+from pipeline.predict.gemm_batch import BATCH_GRID, BatchCorrection
 from pipeline.predict.page_faults import OutputFaults, without_faults
 from pipeline.predict.selector import KernelSelector
 from pipeline.predict.serialize import DataclassJSON
@@ -224,6 +225,8 @@ class GemmModel:
         # (harness/weight_rotation.py); with the tables' cold corrections it prices a graph's
         # GEMMs by the share of its weights that come from memory (uncached_share)
         self.weight_cache_bytes = weight_cache_bytes
+        # CPU: (op, dtype, kernel) -> how the batch size changes a bmm's time (gemm_batch.py)
+        self.batch_corrections: dict[tuple[str, str, str], BatchCorrection] = {}
 
     def uncached_share(self, weight_bytes: float) -> float | None:
         """The share of a graph's GEMM weights (`weight_bytes` in all) that the cache cannot hold
@@ -247,9 +250,9 @@ class GemmModel:
         grid = samples["grid"] if "grid" in samples else pd.Series("waves", index=samples.index)
         is_twin = grid.isin([name.removesuffix("_log") for name in UNALIGNED_GRIDS]).to_numpy()
         is_aspect = (grid == "aspect").to_numpy()
-        cold_rows = is_cold(samples)
-        twins, aspect, cold = samples[is_twin], samples[is_aspect], samples[cold_rows]
-        samples = samples[~(is_twin | is_aspect | cold_rows)]
+        cold_rows, is_batch = is_cold(samples), (grid == BATCH_GRID).to_numpy()
+        twins, aspect, cold, batched = samples[is_twin], samples[is_aspect], samples[cold_rows], samples[is_batch]
+        samples = samples[~(is_twin | is_aspect | cold_rows | is_batch)]
         tables = {}
         for (op, dtype, kernel), g in samples.groupby(["op", "dtype", "kernel"]):
             tm, tn = (int(g[c].mode().iloc[0]) for c in ("tile_m", "tile_n"))
@@ -272,8 +275,20 @@ class GemmModel:
                 table = table.with_aspect(mine).with_alignment(mine, own_twins).with_cold(mine, own_cold)
             tables[(op, dtype, str(kernel))] = table
         cache = samples["weight_cache_bytes"].dropna() if "weight_cache_bytes" in samples else pd.Series(dtype=float)
-        return GemmModel(tables, KernelSelector.fit(selector_labels(samples, choices, tables)), faults,
-                         float(cache.median()) if len(cache) and len(cold) else None)
+        model = GemmModel(tables, KernelSelector.fit(selector_labels(samples, choices, tables)), faults,
+                          float(cache.median()) if len(cache) and len(cold) else None)
+        return model.with_batch(batched)
+
+    def with_batch(self, rows: pd.DataFrame) -> "GemmModel":
+        """This model with a batch correction per (op, dtype) the batch grid measured (gemm_batch.py),
+        fitted against the kernels alone: the rows have their page faults taken off already."""
+        for (op, dtype, kernel), g in rows.groupby(["op", "dtype", "kernel"]):
+            key = (str(op), str(dtype), str(kernel))
+            if key in self.tables:
+                pred = self.tables[key].predict_us(g["m"].to_numpy(), g["n"].to_numpy(), g["k"].to_numpy(),
+                                                   g["batch"].to_numpy())
+                self.batch_corrections[key] = BatchCorrection.fit(*key, g, pred)
+        return self
 
     def check(self, op: str, dtype: str) -> None:
         check_dtype(dtype)
@@ -318,11 +333,17 @@ class GemmModel:
 
     def _predict_chunk(self, op, dtype, tables, arrs, cold=None) -> np.ndarray:
         if len(tables) == 1:
-            return tables[0].predict_us(*arrs, cold=cold)
+            return self._kernel_us(tables[0], arrs, cold)
         out = np.empty(arrs[0].size)
         for table, sel in self._by_kernel(op, dtype, tables, arrs):
-            out[sel] = table.predict_us(*(a[sel] for a in arrs), cold=cold)
+            out[sel] = self._kernel_us(table, [a[sel] for a in arrs], cold)
         return out
+
+    def _kernel_us(self, table: GemmTable, arrs, cold=None) -> np.ndarray:
+        """One kernel's table, and its batch correction where the batch grid measured one."""
+        us = table.predict_us(*arrs, cold=cold)
+        corr = self.batch_corrections.get((table.op, table.dtype, table.kernel))
+        return us if corr is None else us * corr.factor(*arrs)
 
     def _by_kernel(self, op, dtype, tables, arrs):
         """(table, mask of the shapes whose kernel it is) for each kernel the selector picks."""
@@ -356,11 +377,17 @@ class GemmModel:
             d["output_faults"] = self.faults.to_dict()
         if self.weight_cache_bytes:
             d["weight_cache_bytes"] = self.weight_cache_bytes
+        if self.batch_corrections:
+            d["batch_corrections"] = [c.to_dict() for c in self.batch_corrections.values()]
         return d
 
     @classmethod
     def from_dict(cls, d: dict) -> "GemmModel":
         tables = [GemmTable.from_dict(t) for t in d["tables"]]
         faults = OutputFaults.from_dict(d["output_faults"]) if d.get("output_faults") else None
-        return cls({(t.op, t.dtype, t.kernel): t for t in tables}, KernelSelector.from_dict(d["selector"]), faults,
-                   d.get("weight_cache_bytes"))
+        model = cls({(t.op, t.dtype, t.kernel): t for t in tables}, KernelSelector.from_dict(d["selector"]), faults,
+                    d.get("weight_cache_bytes"))
+        for c in d.get("batch_corrections", []):
+            corr = BatchCorrection.from_dict(c)
+            model.batch_corrections[(corr.op, corr.dtype, corr.kernel)] = corr
+        return model

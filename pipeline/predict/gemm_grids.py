@@ -92,8 +92,13 @@ def fill_capped(thr: np.ndarray, ks: np.ndarray) -> np.ndarray:
             continue
         if not have.any():
             raise ValueError(f"wave row {i} has no measured K at all")
-        if i == 0:  # nothing below to borrow from: hold the nearest measured throughput
-            row[~have] = np.interp(np.flatnonzero(~have), np.flatnonzero(have), row[have])
+        if i == 0:  # nothing below to borrow from: hold the nearest measured throughput, but
+            # below the row's smallest measured K its duration (the latency floor; another kernel
+            # ran those shapes, and K / throughput would price oneDNN's 16 us kernel at 0.1 us)
+            measured = np.flatnonzero(have)
+            row[~have] = np.interp(np.flatnonzero(~have), measured, row[have])
+            below = np.arange(measured[0])
+            row[below] = row[measured[0]] * ks[below] / ks[measured[0]]
             continue
         measured, miss = np.flatnonzero(have), np.flatnonzero(~have)
         j = measured[np.abs(measured[None, :] - miss[:, None]).argmin(axis=1)]  # nearest measured K

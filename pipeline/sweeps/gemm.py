@@ -17,6 +17,7 @@ from pipeline.harness.page_faults import fault_us_per_page
 from pipeline.harness.progress import Progress
 from pipeline.harness.stalls import remeasure_stalled
 from pipeline.harness.timer import measure
+from pipeline.predict.gemm_batch import BATCH_GRID
 from pipeline.predict.gemm_grids import COLD_GRID, COLD_HELDOUT, COLD_GRIDS
 from pipeline.predict.geometry import blocks, waves, whole_wave_shape
 from pipeline.sweeps.cpu_kernels import ATEN_KERNEL, cpu_kernel_name
@@ -41,7 +42,7 @@ class GemmPoint:
     n: int
     k: int
     held_out: bool
-    grid: str = "waves"  # "waves" (PM2Lat's whole-wave grid), "aspect" (CPU: off its diagonal), "heldout"
+    grid: str = "waves"  # "waves" (PM2Lat's whole-wave grid), "aspect" (CPU: off its diagonal), "batch", "heldout"
 
 
 def slots_for(dev: DeviceIdentity) -> int:
@@ -87,6 +88,21 @@ def aspect_points(dev: DeviceIdentity, profile: Profile) -> list[GemmPoint]:
             for k in profile.gemm_aspect_k for m in sides for n in sides
             if m * n <= profile.max_gemm_outputs and 2 * m * n * k <= profile.max_point_flops]
     return grid + unaligned_twins(grid, profile.gemm_aspect_k[0])
+
+
+BATCH_SIZES = (1, 4, 16, 64, 256)  # the batch grid: powers of 4, up to attention's batch x heads
+BATCH_SIDES = (4, 16, 64, 256, 1024)
+
+
+def batch_points(dev: DeviceIdentity, profile: Profile) -> list[GemmPoint]:
+    """CPU: bmm of BATCH_SIZES square matrices of BATCH_SIDES at the profile's batch-grid K values,
+    within its caps: what many small matrices cost beside the whole-wave table's few large ones
+    (predict/gemm_batch.py)."""
+    if dev.kind != "cpu" or not profile.gemm_batch_k:
+        return []
+    return [GemmPoint("bmm", dtype, b, s, s, k, False, BATCH_GRID) for dtype in dtypes_for(dev.kind)
+            for b in BATCH_SIZES for s in BATCH_SIDES for k in profile.gemm_batch_k
+            if b * s * s <= profile.max_gemm_outputs and 2 * b * s * s * k <= profile.max_point_flops]
 
 
 # Twins of the aspect cells one element off in N (a row of B and C no longer fills whole cache
@@ -248,7 +264,7 @@ def sweep_points(dev: DeviceIdentity, profile: Profile,
     train = training_points(dev, profile, tiles)
     have = {(p.op, p.dtype, p.batch, p.m, p.n, p.k) for p in train}
     aspect = [p for p in aspect_points(dev, profile) if (p.op, p.dtype, p.batch, p.m, p.n, p.k) not in have]
-    return train + aspect + heldout_points(dev, profile)
+    return train + aspect + batch_points(dev, profile) + heldout_points(dev, profile)
 
 
 def sweep_gemm(dev: DeviceIdentity, profile: Profile, log=None) -> list[dict]:

@@ -50,6 +50,9 @@ class Profile:
     # shapes) again with their weights rotated through memory, as inside a model
     # (harness/weight_rotation.py), after a probe of how much the cache holds
     gemm_cold_weights: bool = False
+    # CPU only: K values of the bmm batch grid (batch 1 ... 256 x square matrices 4 ... 1024),
+    # from which the GEMM model learns what many small matrices cost (predict/gemm_batch.py)
+    gemm_batch_k: tuple[int, ...] = ()
     attention_heldout: int = 12  # random shapes per (backend, dtype), never used for fitting
     attention_timing: TimingSpec = TimingSpec(warmup_s=0.005, budget_s=0.02, min_reps=3, max_reps=50, min_block_s=2e-4)
     # opencl_launches (LLMPerf II): generated kernels x {simple, memory} argument plans x work-group
@@ -111,7 +114,7 @@ PROFILES = {
         name="quick", k_values=CPU_K, wave_step=4, max_gemm_outputs=1 << 25, max_point_flops=4e9,
         heldout_per_op=40, heldout_max_mn=2048, heldout_max_k=2048, heldout_max_bmm=512, utility_max_elems=1 << 22,
         utility_heldout_per_op=12, gemm_timing=_CPU_TIMING, utility_timing=_CPU_TIMING, gemm_aspect_k=(256, 1024), gemm_aspect_max=65536,
-        gemm_cold_weights=True,
+        gemm_cold_weights=True, gemm_batch_k=(16, 64, 256, 1024),
         workload_configs="quick", workload_batches=(1, 4, 8), workload_seqs=(128,),
         attention_max_seq=256, attention_max_batch=4, attention_max_point_flops=1e8, attention_heldout=12,
         attention_seq_scan=True,
@@ -122,6 +125,7 @@ PROFILES = {
         heldout_per_op=1000, heldout_max_mn=8192, heldout_max_k=2000, heldout_max_bmm=1024,
         utility_max_elems=16384 * 16384,
         utility_heldout_per_op=200, gemm_aspect_k=(64, 256, 1024, 4096), gemm_aspect_max=65536, gemm_cold_weights=True,
+        gemm_batch_k=(16, 64, 256, 1024),
         gemm_timing=TimingSpec(warmup_s=0.1, budget_s=0.5, min_reps=25, max_reps=10000, flush_l2=True),
         utility_timing=TimingSpec(warmup_s=0.05, budget_s=0.2, min_reps=25, max_reps=10000, flush_l2=True),
         workload_configs="full", workload_batches=(1, 4, 8), workload_seqs=(128, 512),

@@ -156,9 +156,10 @@ def test_probed_tile_lays_out_whole_waves():
 
     dev = identify("cpu")
     tiles = {(op, dt): (1, 16) for op in ("mm", "bmm", "linear") for dt in ("float32", "bfloat16")}
-    pts = training_points(dev, get_profile("tiny"), tiles)
-    assert pts and all(p.n % 16 == 0 for p in pts)
     slots = slots_for(dev)
+    # bf16 also has outputs under one wave, laid out in ATen's 1 x 1 tile (the next test)
+    pts = [p for p in training_points(dev, get_profile("tiny"), tiles) if p.m * p.n * p.batch >= 16 * slots]
+    assert pts and all(p.n % 16 == 0 for p in pts)
     assert all(waves(p.m, p.n, p.batch, 1, 16, slots) * slots * 16 == p.m * p.n * p.batch for p in pts)
 
 
@@ -227,8 +228,12 @@ def test_the_cpu_sweep_measures_each_training_shape_once_and_has_an_aspect_grid(
     from pipeline.sweeps.profiles import get_profile
 
     pts = sweep_points(cpu, get_profile("quick", "cpu"), {})
-    train = [(p.op, p.dtype, p.batch, p.m, p.n, p.k) for p in pts if not p.held_out]
+    train = [(p.grid, p.op, p.dtype, p.batch, p.m, p.n, p.k) for p in pts if not p.held_out]
     assert len(train) == len(set(train))
+    # an aspect cell the whole-wave grid holds is read from there; a twin is timed beside its cell
+    # even where a sub-wave shape is the same GEMM (bf16 1 x 2 x 256: 1 ms)
+    shape = {g: {t[1:] for t in train if t[0] == g} for g in ("waves", "aspect")}
+    assert shape["aspect"] and not shape["aspect"] & shape["waves"]
     aspect = [p for p in pts if p.grid == "aspect"]
     assert aspect and {p.op for p in aspect} == set(ASPECT_OPS) and all(p.batch == 1 for p in aspect)
 
@@ -340,3 +345,21 @@ def test_the_probe_keeps_the_step_found_most_often(monkeypatch):
     monkeypatch.setattr(tile_probe, "granularity", lambda xs, ts: next(found))
     monkeypatch.setattr(tile_probe, "WARMUP_S", 0.0)
     assert tile_probe.probe_tile(lambda m, n, k: 1.0) == (1, 16)
+
+
+def test_a_large_probed_tile_keeps_sub_wave_shapes_for_atens_loop(cpu):
+    from pipeline.sweeps.gemm import training_points
+    from pipeline.sweeps.profiles import get_profile
+
+    def tiles(mm_bf16):
+        return {(op, dt): mm_bf16 if (op, dt) == ("mm", "bfloat16") else ((1, 16) if dt == "float32" else (1, 1))
+                for op in ("mm", "bmm", "linear") for dt in ("float32", "bfloat16")}
+
+    big = training_points(cpu, get_profile("quick"), tiles((32, 16)))
+    small = [p for p in big if (p.op, p.dtype) == ("mm", "bfloat16") and p.m * p.n < 32 * 16]
+    assert small and min(p.m * p.n for p in small) == 2  # one wave of ATen's 1 x 1 tile on two threads
+    same = training_points(cpu, get_profile("quick"), tiles((1, 1)))
+    # float32's ATen kernel pads as probed: nothing added there, nor where the probe found 1 x 1
+    assert [p for p in big if p.dtype == "float32"] == [p for p in same if p.dtype == "float32"]
+    assert not [p for p in same if (p.op, p.dtype) == ("mm", "bfloat16") and p.m * p.n < 32 * 16
+                and p not in big]

@@ -58,15 +58,28 @@ def training_points(dev: DeviceIdentity, profile: Profile,
         for op in GEMM_OPS:
             tile_m, tile_n = (tiles or {}).get((op, dtype), NOMINAL_TILE[dev.kind])
             for w in wave_counts(profile, slots, tile_m, tile_n):
-                # bmm: a batch of up to 8 matrices shares the whole waves' tiles, so inputs
-                # stay the size of the mm ones (a tile per matrix would need huge batches).
-                b = math.gcd(w * slots, 8) if op == "bmm" else 1
-                m, n = whole_wave_shape(w, tile_m, tile_n, slots, batch=b)
-                # The largest outputs (where a CPU allocator's page faults start to show) are
-                # measured at small K only, within the profile's FLOP cap per point.
-                ks = [k for k in profile.k_values if 2 * b * m * n * k <= profile.max_point_flops]
-                pts += [GemmPoint(op, dtype, b, m, n, k, False) for k in ks or profile.k_values[:1]]
+                pts += _wave_points(op, dtype, w, tile_m, tile_n, slots, profile)
+            # Outputs smaller than one wave of the probed tile, laid out in the tile of the kernel
+            # that runs tiny shapes where it pads differently (ATen's bf16 loop: 1 x 1, 1.2 us where
+            # oneDNN takes 16): without them it has no small cell when the probe finds a large tile
+            # (mm bf16: 32 x 16 in one sweep) and was priced at its smallest whole-wave cell, 80x slow.
+            fm, fn = _tile_of(ATEN_KERNEL, dev.kind, dtype, (tile_m, tile_n))
+            if (fm, fn) != (tile_m, tile_n):
+                pts += [p for w in wave_counts(profile, slots, fm, fn) if w * fm * fn < tile_m * tile_n
+                        for p in _wave_points(op, dtype, w, fm, fn, slots, profile)]
     return pts
+
+
+def _wave_points(op: str, dtype: str, w: int, tile_m: int, tile_n: int, slots: int,
+                 profile: Profile) -> list[GemmPoint]:
+    # bmm: a batch of up to 8 matrices shares the whole waves' tiles, so inputs
+    # stay the size of the mm ones (a tile per matrix would need huge batches).
+    b = math.gcd(w * slots, 8) if op == "bmm" else 1
+    m, n = whole_wave_shape(w, tile_m, tile_n, slots, batch=b)
+    # The largest outputs (where a CPU allocator's page faults start to show) are
+    # measured at small K only, within the profile's FLOP cap per point.
+    ks = [k for k in profile.k_values if 2 * b * m * n * k <= profile.max_point_flops]
+    return [GemmPoint(op, dtype, b, m, n, k, False) for k in ks or profile.k_values[:1]]
 
 
 # One matrix per call: a batched GEMM spreads its batch over the cores, so a skinny matrix
@@ -263,7 +276,8 @@ def sweep_points(dev: DeviceIdentity, profile: Profile,
     (the fit reads such rows into the aspect grid too, predict/gemm.py)."""
     train = training_points(dev, profile, tiles)
     have = {(p.op, p.dtype, p.batch, p.m, p.n, p.k) for p in train}
-    aspect = [p for p in aspect_points(dev, profile) if (p.op, p.dtype, p.batch, p.m, p.n, p.k) not in have]
+    aspect = [p for p in aspect_points(dev, profile)
+              if p.grid != "aspect" or (p.op, p.dtype, p.batch, p.m, p.n, p.k) not in have]  # twins all stay
     return train + aspect + batch_points(dev, profile) + heldout_points(dev, profile)
 
 

@@ -363,3 +363,21 @@ def test_a_large_probed_tile_keeps_sub_wave_shapes_for_atens_loop(cpu):
     assert [p for p in big if p.dtype == "float32"] == [p for p in same if p.dtype == "float32"]
     assert not [p for p in same if (p.op, p.dtype) == ("mm", "bfloat16") and p.m * p.n < 32 * 16
                 and p not in big]
+
+
+def test_aspect_cells_under_one_wave_keep_their_own_error():
+    import pandas as pd
+
+    from pipeline.predict.gemm_grids import relative_to_square
+
+    # log ratios over M x N = (1, 4, 16) x (1, 4, 16); the 1 x 1 cell (a GEMV 4x slower than priced)
+    grid = pd.DataFrame([[np.log(4), 0.5, 0.2], [0.3, 0.1, 0.0], [0.2, 0.0, 0.0]], index=[1.0, 4.0, 16.0],
+                        columns=[1.0, 4.0, 16.0])
+    rel = relative_to_square(grid)
+    assert rel[0, 0] == 0.0  # relative to itself: the slowdown is lost
+    kept = relative_to_square(grid, one_wave=8.0)
+    assert kept[0, 0] == pytest.approx(np.log(4))  # 1 output < one wave of 8: its own value
+    assert kept[0, 1] == pytest.approx(0.5) and kept[1, 0] == pytest.approx(0.3)  # size 4 < 8 too
+    # from one wave up, relative to the most square cell of the same size, as before
+    np.testing.assert_allclose(kept[1:, 1:], rel[1:, 1:])
+    assert kept[0, 2] == pytest.approx(rel[0, 2])

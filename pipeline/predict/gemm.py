@@ -134,8 +134,9 @@ class GemmTable(DataclassJSON):
             grid = grid.reindex(index=ms, columns=ns)
             # a cell the FLOP cap skipped holds its row's nearest measured N (the rows' effect
             # is what varies most: few rows spread the packing of B over little work)
-            slices.append(pd.DataFrame(relative_to_square(grid, self.tile_m, self.tile_n)).ffill(axis=1).bfill(axis=1)
-                          .to_numpy(float))
+            one_wave = float(self.tile_m * self.tile_n * self.slots)
+            slices.append(pd.DataFrame(relative_to_square(grid, self.tile_m, self.tile_n, one_wave))
+                          .ffill(axis=1).bfill(axis=1).to_numpy(float))
         cube = np.stack(slices, axis=-1)
         known = ~np.isnan(cube)
         # a cell no K measured: 0; one some K measured: those K's median for the others

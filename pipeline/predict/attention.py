@@ -22,13 +22,12 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 import numpy as np
-
 import pandas as pd
 
 from pipeline.core.dtypes import check_dtype
 from pipeline.core.errors import BadShapeError, MissingModelError, check_positive_arrays
 from pipeline.predict.attention_align import find_period, fit_ramp, tail
-from pipeline.predict.geometry import grid_position
+from pipeline.predict.geometry import bilinear, grid_position
 from pipeline.predict.gemm_grids import neighbourhood_median
 from pipeline.predict.serialize import DataclassJSON
 
@@ -71,11 +70,7 @@ class AttentionTable(DataclassJSON):
         return np.zeros(np.shape(bh)) if self.unaligned_log is None else self._bilinear(self.unaligned_log, bh, seq)
 
     def _bilinear(self, t: np.ndarray, bh, seq) -> np.ndarray:
-        ib, fb, ib1 = grid_position(np.log2(self.bh), np.log2(bh))
-        iss, fs, is1 = grid_position(self.seqs, seq)
-        lo = t[ib, iss] * (1 - fs) + t[ib, is1] * fs
-        hi = t[ib1, iss] * (1 - fs) + t[ib1, is1] * fs
-        return lo * (1 - fb) + hi * fb
+        return bilinear(t, grid_position(np.log2(self.bh), np.log2(bh)), grid_position(self.seqs, seq))
 
     def with_twins(self, twins: pd.DataFrame, predicted: np.ndarray) -> "AttentionTable":
         """This table with `unaligned_log` from its twins (rows at seq_kv = grid seq - 1) and
@@ -132,8 +127,8 @@ class AttentionModel:
         grid = grid_of(samples)
         if not (grid == BASE_GRID).any():
             raise ValueError("AttentionModel.fit got no rows of the attention grid")
-        model = AttentionModel(AttentionModel._tables(samples[grid == BASE_GRID]))
-        model.alignment = fit_alignment(samples[grid == SCAN_GRID])
+        model = AttentionModel(AttentionModel._tables(samples[grid == BASE_GRID]),
+                               fit_alignment(samples[grid == SCAN_GRID]))
         return model.with_twins(samples[grid == TWIN_GRID])
 
     @staticmethod

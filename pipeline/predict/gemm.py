@@ -16,7 +16,7 @@ import pandas as pd
 
 from pipeline.core.dtypes import check_dtype, element_bytes
 from pipeline.core.errors import BadShapeError, MissingModelError, check_positive_arrays
-from pipeline.predict.geometry import grid_position
+from pipeline.predict.geometry import bilinear, grid_position
 from pipeline.predict.geometry import waves as count_waves
 from pipeline.predict.gemm_grids import (LINE_BYTES, UNALIGNED_GRIDS, ends_mid_line, fill_capped, is_aligned,
                                          is_cold, neighbourhood_median, relative_to_square)
@@ -88,11 +88,8 @@ class GemmTable(DataclassJSON):
 
     def _on_lattice(self, g: np.ndarray, m, n) -> np.ndarray:
         """Bilinear in (log2 M, log2 N) over the aspect lattice, held at its edges."""
-        im, fm, im1 = grid_position(np.log2(self.aspect_m), np.log2(np.asarray(m, float)))
-        jn, fn, jn1 = grid_position(np.log2(self.aspect_n), np.log2(np.asarray(n, float)))
-        lo = g[im, jn] * (1 - fn) + g[im, jn1] * fn
-        hi = g[im1, jn] * (1 - fn) + g[im1, jn1] * fn
-        return lo * (1 - fm) + hi * fm
+        return bilinear(g, grid_position(np.log2(self.aspect_m), np.log2(np.asarray(m, float))),
+                        grid_position(np.log2(self.aspect_n), np.log2(np.asarray(n, float))))
 
     def aspect_factor(self, m, n, k=None) -> np.ndarray | float:
         """How much slower (> 1) or faster a shape runs than the near-square one of the same
@@ -281,8 +278,8 @@ class GemmModel:
         return model.with_batch(batched)
 
     def with_batch(self, rows: pd.DataFrame) -> "GemmModel":
-        """This model with a batch correction per (op, dtype) the batch grid measured (gemm_batch.py),
-        fitted against the kernels alone: the rows have their page faults taken off already."""
+        """This model with a batch correction per (op, dtype, kernel) the batch grid measured
+        (gemm_batch.py), fitted against that kernel's table: the rows have their page faults taken off."""
         for (op, dtype, kernel), g in rows.groupby(["op", "dtype", "kernel"]):
             key = (str(op), str(dtype), str(kernel))
             if key in self.tables:

@@ -9,8 +9,8 @@ batch 1 ... 256 (powers of 4) x square matrices of side 4 ... 1024 (powers of 4)
 this correction keeps, per (op, dtype, kernel), log(measured / what that kernel's table predicts)
 at each (batch, side, K) the kernel ran, side = sqrt(M N). Per kernel: on bf16 oneDNN runs the
 larger cells and ATen's loop the tiny ones (1.2 us against 17), and a correction pooled over
-both would price a tiny shape the selector gives oneDNN at ATen's speed. A shape is charged exp(the correction), trilinear in
-(log batch, log side, log K) and held at the grid's edges.
+both would price a tiny shape the selector gives oneDNN at ATen's speed. A shape is charged
+exp(the correction), trilinear in (log batch, log side, log K) and held at the grid's edges.
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 
 from pipeline.predict.gemm_grids import neighbourhood_median
-from pipeline.predict.geometry import grid_position
+from pipeline.predict.geometry import bilinear, grid_position
 from pipeline.predict.serialize import DataclassJSON
 
 BATCH_GRID = "batch"  # gemm_samples.grid of the batch grid's rows
@@ -56,15 +56,10 @@ class BatchCorrection(DataclassJSON):
     def factor(self, m, n, k, batch) -> np.ndarray:
         side = np.sqrt(np.asarray(m, float) * np.asarray(n, float))
         ib, fb, ib1 = grid_position(np.log2(self.batch), np.log2(np.asarray(batch, float)))
-        js, fs, js1 = grid_position(np.log2(self.side), np.log2(side))
-        ik, fk, ik1 = grid_position(np.log2(self.ks), np.log2(np.asarray(k, float)))
-        g = self.log
-
-        def plane(i):
-            return ((g[i, js, ik] * (1 - fk) + g[i, js, ik1] * fk) * (1 - fs)
-                    + (g[i, js1, ik] * (1 - fk) + g[i, js1, ik1] * fk) * fs)
-
-        return np.exp(plane(ib) * (1 - fb) + plane(ib1) * fb)
+        sides = grid_position(np.log2(self.side), np.log2(side))
+        ks = grid_position(np.log2(self.ks), np.log2(np.asarray(k, float)))
+        below, above = (bilinear(self.log, sides, ks, lead=(i,)) for i in (ib, ib1))
+        return np.exp(below * (1 - fb) + above * fb)
 
 
 def fill_cells(cells: np.ndarray, log_k: np.ndarray, log_side: np.ndarray) -> np.ndarray:

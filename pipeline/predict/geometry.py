@@ -46,3 +46,13 @@ def grid_position(grid: np.ndarray, x) -> tuple[np.ndarray, np.ndarray, np.ndarr
     pos = np.interp(x, grid, np.arange(grid.size, dtype=float))
     i = np.minimum(pos.astype(np.int64), max(grid.size - 2, 0))
     return i, pos - i, np.minimum(i + 1, grid.size - 1)
+
+
+def bilinear(values: np.ndarray, rows: tuple, cols: tuple, lead: tuple = ()) -> np.ndarray:
+    """values[*lead, row, col] interpolated linearly between the bracketing cells of each axis;
+    `rows` and `cols` are grid_position() triples (the grids' ends hold)."""
+    i, fi, i1 = rows
+    j, fj, j1 = cols
+    lo = values[(*lead, i, j)] * (1 - fj) + values[(*lead, i, j1)] * fj
+    hi = values[(*lead, i1, j)] * (1 - fj) + values[(*lead, i1, j1)] * fj
+    return lo * (1 - fi) + hi * fi

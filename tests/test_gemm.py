@@ -381,3 +381,19 @@ def test_aspect_cells_under_one_wave_keep_their_own_error():
     # from one wave up, relative to the most square cell of the same size, as before
     np.testing.assert_allclose(kept[1:, 1:], rel[1:, 1:])
     assert kept[0, 2] == pytest.approx(rel[0, 2])
+
+
+def test_aspect_correction_is_zero_at_the_square_cell_in_elements():
+    import pandas as pd
+
+    from pipeline.predict.gemm_grids import relative_to_square
+
+    # M x N over (1, 4, 16, 64); on the size-256 anti-diagonal: 4 x 64 (+0.3), 16 x 16 (+0.1),
+    # 64 x 4 (+0.2). The whole-wave table measured square shapes (in elements, whatever the
+    # tile), so 16 x 16 is the zero and the others keep their difference from it.
+    sides = [1.0, 4.0, 16.0, 64.0]
+    grid = pd.DataFrame(np.zeros((4, 4)), index=sides, columns=sides)
+    grid.loc[4.0, 64.0], grid.loc[16.0, 16.0], grid.loc[64.0, 4.0] = 0.3, 0.1, 0.2
+    rel = relative_to_square(grid)
+    assert rel[2, 2] == pytest.approx(0.0)
+    assert rel[1, 3] == pytest.approx(0.2) and rel[3, 1] == pytest.approx(0.1)

@@ -132,7 +132,7 @@ class GemmTable(DataclassJSON):
             # a cell the FLOP cap skipped holds its row's nearest measured N (the rows' effect
             # is what varies most: few rows spread the packing of B over little work)
             one_wave = float(self.tile_m * self.tile_n * self.slots)
-            slices.append(pd.DataFrame(relative_to_square(grid, self.tile_m, self.tile_n, one_wave))
+            slices.append(pd.DataFrame(relative_to_square(grid, one_wave))
                           .ffill(axis=1).bfill(axis=1).to_numpy(float))
         cube = np.stack(slices, axis=-1)
         known = ~np.isnan(cube)

@@ -308,10 +308,12 @@ def test_the_cpu_sweep_has_unaligned_twins_of_the_aspect_cells(cpu):
 
     profile = get_profile("quick", "cpu")
     pts = sweep_points(cpu, profile, {})
-    cells = {(p.op, p.dtype, p.m, p.n, p.k) for p in pts if p.grid == "aspect" and p.k == profile.gemm_aspect_k[0]}
+    cells = {(p.op, p.dtype, p.m, p.n, p.k) for p in pts if p.grid == "aspect" and p.k == profile.gemm_twin_k}
     twins_n = {(p.op, p.dtype, p.m, p.n - 1, p.k) for p in pts if p.grid == "unaligned_n"}
     twins_k = {(p.op, p.dtype, p.m, p.n, p.k - 1) for p in pts if p.grid == "unaligned_k"}
     assert cells and cells <= twins_n and cells <= twins_k
+    # the twins sit at the profile's twin K only, whatever other K the aspect grid has
+    assert {p.k for p in pts if p.grid == "unaligned_n"} == {profile.gemm_twin_k} != set(profile.gemm_aspect_k)
     assert not any(p.grid.startswith("unaligned") for p in pts if p.op == "bmm")
 
 

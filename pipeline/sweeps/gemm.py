@@ -100,7 +100,7 @@ def aspect_points(dev: DeviceIdentity, profile: Profile) -> list[GemmPoint]:
     grid = [GemmPoint(op, dtype, 1, m, n, k, False, "aspect") for dtype in dtypes_for(dev.kind) for op in ASPECT_OPS
             for k in profile.gemm_aspect_k for m in sides for n in sides
             if m * n <= profile.max_gemm_outputs and 2 * m * n * k <= profile.max_point_flops]
-    return grid + unaligned_twins(grid, profile.gemm_aspect_k[0])
+    return grid + unaligned_twins(grid, profile.gemm_twin_k or min(profile.gemm_aspect_k))
 
 
 BATCH_SIZES = (1, 4, 16, 64, 256)  # the batch grid: powers of 4, up to attention's batch x heads

@@ -46,6 +46,8 @@ class Profile:
     # near-square ones at the same output size (predict/gemm.py, AspectCorrection)
     gemm_aspect_k: tuple[int, ...] = ()
     gemm_aspect_max: int = 16384  # the largest M or N of the aspect grid
+    # CPU only: the aspect K at which the unaligned twins are timed (None: the smallest)
+    gemm_twin_k: int | None = None
     # CPU only: time the aspect grid's mm and linear cells at its largest K (and the held-out
     # shapes) again with their weights rotated through memory, as inside a model
     # (harness/weight_rotation.py), after a probe of how much the cache holds
@@ -113,8 +115,8 @@ PROFILES = {
     "quick": Profile(
         name="quick", k_values=CPU_K, wave_step=4, max_gemm_outputs=1 << 25, max_point_flops=4e9,
         heldout_per_op=40, heldout_max_mn=2048, heldout_max_k=2048, heldout_max_bmm=512, utility_max_elems=1 << 22,
-        utility_heldout_per_op=12, gemm_timing=_CPU_TIMING, utility_timing=_CPU_TIMING, gemm_aspect_k=(256, 1024), gemm_aspect_max=65536,
-        gemm_cold_weights=True, gemm_batch_k=(16, 64, 256, 1024),
+        utility_heldout_per_op=12, gemm_timing=_CPU_TIMING, utility_timing=_CPU_TIMING, gemm_aspect_k=(64, 256, 1024), gemm_aspect_max=65536,
+        gemm_twin_k=256, gemm_cold_weights=True, gemm_batch_k=(16, 64, 256, 1024),
         workload_configs="quick", workload_batches=(1, 4, 8), workload_seqs=(128,),
         attention_max_seq=256, attention_max_batch=4, attention_max_point_flops=1e8, attention_heldout=12,
         attention_seq_scan=True,

@@ -63,7 +63,13 @@ def overhead_model(context: dg.AssetExecutionContext, warehouse: DuckDBWarehouse
     run = tracking.log_fit("overhead_model", device, {"samples": len(samples), "version": version},
                            {f"shared_{t}_us": v for t, v in model.shared.items()} | {"outlier_share": 1 - kept / len(samples)},
                            {"data_hash": dhash}, [path / "model.json"], store_version=version, store_path=path)
+    after = {}
+    if model.t1_after is not None:  # T1 after a long op: the measured slowdown per duration bin
+        a = model.t1_after
+        after = {"t1_after_previous_op": md_table(pd.DataFrame(
+            {"previous op from (us)": 2.0 ** a.log2_us, "T1 slowdown": a.slowdown.round(2)}))}
     return dg.MaterializeResult(metadata={
         "version": version, "path": dg.MetadataValue.path(str(path)), "mlflow_run_id": run,
         "mlflow_run": dg.MetadataValue.url(tracking.run_url(run)),
-        "op_types": len(model.individual), "outliers_removed": len(samples) - kept, "shared_means": md_table(per_type)})
+        "op_types": len(model.individual), "outliers_removed": len(samples) - kept, "shared_means": md_table(per_type),
+        **after})

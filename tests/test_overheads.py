@@ -170,3 +170,60 @@ def test_cpu_trace_op_durations():
     # nested aten::t / aten::addmm etc. are not top-level ops
     assert set(d["op"]) == {"aten::linear", "aten::relu"}
     assert (op_durations(CPU_TRACE, PAPER_CPU_EVENT_OVERHEAD_US)["us"] <= d["us"]).all()
+
+
+def _gaps_after_ops(rng, n=600):
+    """T1 gaps of two op types (base 2 and 6 us) that run 1x after ops under 64 us, 3x after
+    ops of 64 us - 4 ms and 6x after longer ones, with 10 % noise."""
+    prev = np.exp(rng.uniform(np.log(1.0), np.log(20000.0), n))
+    slow = np.where(prev < 64, 1.0, np.where(prev < 4096, 3.0, 6.0))
+    op = np.where(rng.random(n) < 0.5, "aten::add", "aten::mm")
+    base = np.where(op == "aten::add", 2.0, 6.0)
+    us = base * slow * rng.uniform(0.9, 1.1, n)
+    return pd.DataFrame({"op": op, "type": "T1", "us": us, "prev_us": prev})
+
+
+def test_t1_after_a_long_op_is_fitted_from_the_previous_ops_duration():
+    from pipeline.predict.overheads import AfterOp
+
+    samples = _gaps_after_ops(np.random.default_rng(0))
+    model = OverheadModel.fit(samples)
+    a = model.t1_after
+    assert isinstance(a, AfterOp) and a.slowdown[0] == 1.0 and np.all(np.diff(a.slowdown) >= 0)
+    assert a.factor(2.0) == pytest.approx(1.0, rel=0.1)
+    assert a.factor(1000.0) == pytest.approx(3.0, rel=0.15) and a.factor(15000.0) == pytest.approx(6.0, rel=0.15)
+    # the op's own T1 is its gap after a short op; lookup scales it by the previous op
+    assert model.get("aten::mm", "T1") == pytest.approx(6.0, rel=0.1)
+    assert model.get("aten::mm", "T1", prev_us=15000.0) == pytest.approx(36.0, rel=0.2)
+    assert model.get("aten::unseen", "T1", prev_us=1.0) == pytest.approx(a.shared)
+    assert 2.0 < a.shared < 6.0
+    # without prev_us (a GPU capture, an older calibration) T1 stays one mean per op
+    plain = OverheadModel.fit(samples.drop(columns="prev_us"))
+    assert plain.t1_after is None and plain.get("aten::mm", "T1", prev_us=15000.0) == plain.get("aten::mm", "T1")
+
+
+def test_t1_after_round_trips_and_older_models_load(tmp_path):
+    model = OverheadModel.fit(_gaps_after_ops(np.random.default_rng(1)))
+    back = OverheadModel.from_dict(json.loads(json.dumps(model.to_dict())))
+    assert back == model and back.t1_after.factor(5000.0) == model.t1_after.factor(5000.0)
+    assert back.get("aten::add", "T1", prev_us=300.0) == model.get("aten::add", "T1", prev_us=300.0)
+    old = {k: v for k, v in model.to_dict().items() if k != "t1_after"}
+    assert OverheadModel.from_dict(old).t1_after is None
+
+
+def test_critical_path_charges_the_gap_by_the_previous_ops_time():
+    from pipeline.core.graph import ExecutionGraph, Kernel, Op
+    from pipeline.predict.critical_path import critical_path
+
+    model = OverheadModel.fit(_gaps_after_ops(np.random.default_rng(2)))
+
+    def graph(first_us):
+        ops = [Op(0, "aten::mm", kernels=(Kernel("mm", first_us, launch="inline"),)),
+               Op(1, "aten::add", kernels=(Kernel("add", 1.0, launch="inline"),))]
+        return ExecutionGraph(ops)
+
+    short, long = (critical_path(graph(us), model, synchronous=True) for us in (2.0, 15000.0))
+    gap = lambda e, first: e.e2e_us - first - 1.0 - model.get("aten::mm", "T1") - 2 * model.get("x", "T2")  # noqa: E731
+    assert gap(short, 2.0) == pytest.approx(model.get("aten::add", "T1", prev_us=2.0 + model.get("x", "T2")))
+    assert gap(long, 15000.0) == pytest.approx(model.t1_after.factor(15000.0) * model.get("aten::add", "T1"), rel=1e-6)
+    assert gap(long, 15000.0) > 4 * gap(short, 2.0)

@@ -74,7 +74,7 @@ CONTRACT: dict[str, Table] = {
     "memory_samples": _sample({"op": "str", "dtype": "str", "batch": "int", "m": "int", "n": "int", "k": "int",
                                "shape": "str", "bytes": "float", "held_out": "bool"}),
     "overhead_samples": Table({**WORKLOAD_KEY, "op": "str", "type": "str", "us": "float", **KEY},
-                              {"profiler_overhead_us": "float"}, {"us": ">=0"}),
+                              {"profiler_overhead_us": "float", "prev_us": "float"}, {"us": ">=0"}),
     "workload_graphs": Table({**WORKLOAD_KEY, "n_ops": "int", "n_top_level": "int", "traced_ms": "float",
                               "graph_json": "str", **KEY}, {"capture_source": "str", "times_source": "str"},
                              {"traced_ms": ">0"}),

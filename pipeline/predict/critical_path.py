@@ -12,6 +12,9 @@ What the paper leaves out, and what we do:
   So by default nothing blocks. `Kernel.blocking` (our extension, off by default) makes the
   CPU clock wait for that kernel's end, for synchronous copies / `.item()`.
 - Streams: Algorithm 1 keeps one gpu_time, so kernels on all streams serialize here.
+- The gap after a long op (our extension): where the overhead model fitted `t1_after` (CPU
+  captures, overheads.AfterOp), an op's T1 is scaled by how long the op before it held the
+  CPU clock.
 - The CPU as the device (`synchronous=True`): no separate device clock. Each "kernel" is
   the op's inline compute and runs on the CPU clock after its dispatch (T4, 0 when no
   launch exists, as on the CPU); the device clock just follows the CPU clock.
@@ -65,10 +68,12 @@ def critical_path(graph: ExecutionGraph, overheads: OverheadModel, *, synchronou
     cpu_time = 0.0  # line 3
     gpu_time = 0.0
     timeline = []
+    prev_us = None  # how long the previous op held the CPU: a long one slows the gap after it
     for op in graph.top_level():  # line 4: only top-level ops are scheduled
         kernels = graph.launched_kernels(op.id)
-        ov = overheads.lookup(op.name, has_kernels=bool(kernels))  # line 5
+        ov = overheads.lookup(op.name, has_kernels=bool(kernels), prev_us=prev_us)  # line 5
         cpu_time += ov["T1"]  # line 6
+        op_start = cpu_time
         if kernels:  # line 7
             cpu_time += ov["T2"]  # line 8
             for i, k in enumerate(kernels):  # line 9 (Tk = k.time_us, line 10)
@@ -89,5 +94,6 @@ def critical_path(graph: ExecutionGraph, overheads: OverheadModel, *, synchronou
             cpu_time += ov["T3"]  # line 17
         else:
             cpu_time += ov["T5"]  # line 19: a launch-less op's whole CPU time
+        prev_us = cpu_time - op_start
     e2e = max(gpu_time, cpu_time)  # line 22
     return E2E(e2e, cpu_time, gpu_time, gpu_active_time(graph), tuple(timeline))

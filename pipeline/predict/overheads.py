@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -65,12 +65,17 @@ class OverheadModel(DataclassJSON):
     `individual[op][T]` is the mean after per-(op, T) IQR filtering; `shared[T]` pools those
     filtered samples over all op types, so an op never seen in a trace still gets a value.
     Fitting on samples from several workloads gives the paper's shared_E2E setting (§IV-C).
+    Samples whose T1 rows carry `prev_us` (the previous top-level op's duration: CPU captures,
+    host_time.py) also fit `t1_after`, the slowdown of a gap after a long op.
     """
 
     name = "overhead_model"  # not annotated: a class attribute, not a field
     individual: dict[str, dict[str, float]]
     shared: dict[str, float]
     counts: dict[str, dict[str, int]] = field(default_factory=dict)
+    # T1 by how long the op before ran (AfterOp); with it, the T1 entries above are the gaps
+    # after a short op. None: T1 is one mean per op, as the paper has it.
+    t1_after: "AfterOp | None" = None
 
     @classmethod
     def fit(cls, samples: pd.DataFrame, k: float = IQR_K) -> "OverheadModel":
@@ -98,31 +103,124 @@ class OverheadModel(DataclassJSON):
             key = T5_NO_KERNELS if t == "T5" and op not in launching else t
             pooled.setdefault(key, []).append(kept)
         shared = {t: float(np.concatenate(v).mean()) for t, v in sorted(pooled.items())}
-        return cls(individual, shared, counts)
+        t1_after = AfterOp.fit(samples, k) if "prev_us" in samples else None
+        if t1_after is not None:  # the T1 entries become the gaps after a short op
+            individual = {op: {**ts, **({"T1": t1_after.base[op]} if op in t1_after.base else {})}
+                          for op, ts in individual.items()}
+            shared = {**shared, "T1": t1_after.shared}
+        return cls(individual, shared, counts, t1_after)
 
-    def get(self, op: str, t: str, has_kernels: bool = True) -> float:
-        """Mean T-type overhead for an op type; unseen -> shared; absent everywhere -> 0."""
+    def get(self, op: str, t: str, has_kernels: bool = True, prev_us: float | None = None) -> float:
+        """Mean T-type overhead for an op type; unseen -> shared; absent everywhere -> 0.
+        T1 with `t1_after` fitted: times the slowdown after a previous op of `prev_us`."""
         if t not in TYPES:
             raise OverheadError(f"unknown overhead type {t!r}; expected {TYPES}")
         if t in self.individual.get(op, {}):
-            return self.individual[op][t]
-        key = T5_NO_KERNELS if t == "T5" and not has_kernels else t
-        # 0 for a type no trace had: e.g. T2–T5 on the CPU, where there are no launches.
-        return self.shared.get(key, 0.0)
+            value = self.individual[op][t]
+        else:
+            key = T5_NO_KERNELS if t == "T5" and not has_kernels else t
+            # 0 for a type no trace had: e.g. T2–T5 on the CPU, where there are no launches.
+            value = self.shared.get(key, 0.0)
+        if t == "T1" and self.t1_after is not None and prev_us is not None:
+            value *= self.t1_after.factor(prev_us)
+        return value
 
-    def lookup(self, op: str, has_kernels: bool = True) -> dict[str, float]:
-        """Algorithm 1 line 5: T1..T5 for one op."""
-        return {t: self.get(op, t, has_kernels) for t in TYPES}
+    def lookup(self, op: str, has_kernels: bool = True, prev_us: float | None = None) -> dict[str, float]:
+        """Algorithm 1 line 5: T1..T5 for one op (`prev_us`: how long the op before it ran)."""
+        return {t: self.get(op, t, has_kernels, prev_us) for t in TYPES}
 
     def to_dict(self) -> dict:
-        return {"version": 1, **super().to_dict()}
+        d = {"version": 1, **super().to_dict()}
+        if self.t1_after is None:
+            d.pop("t1_after")  # a model without it saves as it always did
+        else:
+            d["t1_after"] = self.t1_after.to_dict()
+        return d
 
     @classmethod
     def from_dict(cls, d: dict) -> "OverheadModel":
         try:
-            return super().from_dict(d)  # the fields' annotations coerce the values; "version" is skipped
+            after = AfterOp.from_dict(d["t1_after"]) if d.get("t1_after") else None
+            model = super().from_dict({k: v for k, v in d.items() if k != "t1_after"})
+            return replace(model, t1_after=after)  # the annotations coerce the values; "version" is skipped
         except (KeyError, AttributeError, TypeError, ValueError) as e:
             raise OverheadError(f"bad overhead model JSON: {e}") from None
+
+
+MIN_BIN_SAMPLES = 30  # T1 gaps per bin of the previous op's duration; smaller bins merge upward
+
+
+@dataclass(frozen=True)
+class AfterOp(DataclassJSON):
+    """How much longer the host gap before an op (T1) runs after a long previous op.
+
+    On a CPU the previous op streams its operands through the caches and evicts the
+    interpreter's and the framework's own state, which the next gap then reads back from
+    memory: on the Xeon VM a chain of ten small nn.Linear calls took 52 us after a 1 MB copy,
+    85 after 4 MB, 110 after 16 MB and 185 after 64 MB (untraced), and traced T1 gaps rose from
+    a median of 1.5-3.5 us after ops under 2 us to 30-40 us after ops of 1-10 ms, in GPT-2, DLRM
+    and the MLP alike. Modelled as T1 = base[op] x factor(previous op's duration): `base` is
+    the gap after a short op, `factor` a step function over log2 duration bins (each holding
+    at least MIN_BIN_SAMPLES gaps), 1 in the first bin and never falling, fitted on the
+    IQR-filtered gaps by alternating the two (iterative proportional fitting).
+    """
+
+    log2_us: np.ndarray  # (B,) lower edge of each bin, floor(log2(previous op us)), ascending
+    slowdown: np.ndarray  # (B,) factor on the base gap in that bin; slowdown[0] == 1
+    base: dict[str, float]  # per op: its gap after a short previous op
+    shared: float  # the same, pooled over ops: what an op never traced gets
+
+    def __post_init__(self):
+        object.__setattr__(self, "log2_us", np.asarray(self.log2_us, float))
+        object.__setattr__(self, "slowdown", np.asarray(self.slowdown, float))
+
+    def __eq__(self, other) -> bool:  # the generated one would compare arrays elementwise
+        return isinstance(other, AfterOp) and np.array_equal(self.log2_us, other.log2_us) \
+            and np.array_equal(self.slowdown, other.slowdown) and (self.base, self.shared) == (other.base, other.shared)
+
+    __hash__ = None
+
+    def factor(self, prev_us: float) -> float:
+        at = np.searchsorted(self.log2_us, math.floor(math.log2(max(float(prev_us), 1.0))), side="right") - 1
+        return float(self.slowdown[max(int(at), 0)])
+
+    @staticmethod
+    def fit(samples: pd.DataFrame, k: float = IQR_K, iters: int = 20) -> "AfterOp | None":
+        """From the T1 rows with a `prev_us`; None when fewer than two bins' worth of them."""
+        t1 = samples[(samples["type"] == "T1") & samples["prev_us"].notna()]
+        if len(t1) < 2 * MIN_BIN_SAMPLES:
+            return None
+        kept = [g[g["us"].isin(remove_outliers(g["us"], k))] for _, g in t1.groupby("op", sort=True)]
+        t1 = pd.concat(kept)
+        us = t1["us"].to_numpy(float)
+        lb = np.floor(np.log2(np.maximum(t1["prev_us"].to_numpy(float), 1.0)))
+        edges = _bins(lb)
+        b = np.searchsorted(edges, lb, side="right") - 1
+        ops, o = np.unique(t1["op"].to_numpy(str), return_inverse=True)
+        slow = np.ones(edges.size)
+        for _ in range(iters):
+            base = np.bincount(o, us) / np.maximum(np.bincount(o, slow[b]), 1e-12)
+            slow = np.bincount(b, us, edges.size) / np.maximum(np.bincount(b, base[o], edges.size), 1e-12)
+            slow = np.maximum.accumulate(np.maximum(slow / max(slow[0], 1e-12), 1e-3))
+        base = np.bincount(o, us) / np.maximum(np.bincount(o, slow[b]), 1e-12)
+        return AfterOp(edges, slow, {str(op): float(v) for op, v in zip(ops, base)},
+                       float(us.sum() / max(slow[b].sum(), 1e-12)))
+
+
+def _bins(lb: np.ndarray) -> np.ndarray:
+    """Lower edges of consecutive log2 bins holding >= MIN_BIN_SAMPLES values each (a short
+    last bin joins the one below)."""
+    values, counts = np.unique(lb, return_counts=True)
+    edges, held = [], 0
+    for v, c in zip(values, counts):
+        if held == 0:
+            edges.append(v)
+        held += c
+        if held >= MIN_BIN_SAMPLES:
+            held = 0
+    if held and len(edges) > 1:
+        edges.pop()
+    return np.asarray(edges, float)
 
 
 # ---- Chrome trace (torch.profiler export_chrome_trace) -------------------------------------

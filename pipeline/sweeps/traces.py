@@ -36,8 +36,8 @@ def sweep_traces(dev: DeviceIdentity, profile: Profile, log=None, dtype: str = "
             rows = cpu_overheads(graph, info, RecsysOps(), ovh)
         else:
             rows = gpu_overheads(info, ovh)
-        samples += [{**key, "op": r.op, "type": r.type, "us": float(r.us), "profiler_overhead_us": ovh}
-                    for r in rows.itertuples()]
+        samples += [{**key, "op": r.op, "type": r.type, "us": float(r.us), "profiler_overhead_us": ovh,
+                     "prev_us": _float_or_none(getattr(r, "prev_us", None))} for r in rows.itertuples()]
         top = graph.top_level()
         graphs.append({**key, "n_ops": len(graph), "n_top_level": len(top),
                        "traced_ms": sum(info["times"][op.id]["dur"] for op in top) / 1e3,
@@ -46,3 +46,8 @@ def sweep_traces(dev: DeviceIdentity, profile: Profile, log=None, dtype: str = "
                                                  "scalars": info.get("scalars", {})})})
         prog.step(f"{e.workload} {e.config} b={e.batch} s={e.seq}: {len(graph)} ops, {len(rows)} overheads")
     return {"workload_graphs": graphs, "overhead_samples": samples}
+
+
+def _float_or_none(v) -> float | None:
+    """A T1 row's previous-op duration; None elsewhere (and on GPU captures, which have none)."""
+    return None if v is None or v != v else float(v)

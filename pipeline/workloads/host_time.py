@@ -3,7 +3,8 @@
 On a GPU, the T-types come straight from the trace's launches (predict/overheads.py).
 The CPU as the device runs each op's work inline, so there is no launch to measure from;
 the same Algorithm 1 holds with these definitions, which match price_graph(synchronous=True):
-  T1  gap between two consecutive top-level ops (as on a GPU);
+  T1  gap between two consecutive top-level ops (as on a GPU), with `prev_us`, the previous
+      op's traced duration: a gap after a long op runs longer (overheads.AfterOp);
   T2  for a top-level op that does modeled work: its CPU time outside that work — dispatch,
       composite wrappers, unmapped helpers — i.e. the op's time minus the inclusive time of
       the outermost ops in its subtree that a model prices (classify_graph);
@@ -30,20 +31,22 @@ WORK = ("priced", "covered")
 
 def cpu_overheads(graph: ExecutionGraph, info: dict, extra: ExtraOps | None = None,
                   profiler_overhead_us: float = 0.0) -> pd.DataFrame:
-    """Rows (op, type, us) for a CPU capture (capture.py's graph and info)."""
+    """Rows (op, type, us, prev_us) for a CPU capture (capture.py's graph and info); prev_us
+    on T1 rows only."""
     classes = classify_graph(graph, info["shapes"], info.get("scalars"), extra)
     times = info["times"]
-    rows, prev_end = [], None
+    rows, prev = [], None
     for op in graph.top_level():
         t = times[op.id]
-        if prev_end is not None:
-            rows.append((op.name, "T1", max(t["ts"] - prev_end - profiler_overhead_us, 0.0)))
-        prev_end = t["ts"] + t["dur"]
+        if prev is not None:
+            gap = max(t["ts"] - prev["ts"] - prev["dur"] - profiler_overhead_us, 0.0)
+            rows.append((op.name, "T1", gap, round(prev["dur"], 3)))
+        prev = t
         work_us, outside_events = _work(graph, op.id, classes, times)
         kind = "T2" if work_us is not None else "T5"
         residual = t["dur"] - (work_us or 0.0) - profiler_overhead_us * outside_events
-        rows.append((op.name, kind, max(residual, 0.0)))
-    return pd.DataFrame([(o, k, round(u, 3)) for o, k, u in rows], columns=["op", "type", "us"])
+        rows.append((op.name, kind, max(residual, 0.0), None))
+    return pd.DataFrame([(o, k, round(u, 3), p) for o, k, u, p in rows], columns=["op", "type", "us", "prev_us"])
 
 
 def _work(graph: ExecutionGraph, op_id: int, classes: dict, times: dict) -> tuple[float | None, int]:

@@ -193,6 +193,13 @@ def test_cli_predicts_a_hugging_face_config_it_has_never_seen(devchar_home, tmp_
                                "n_positions": 64}))
     assert cli_main(["predict", "--device", "cpu-test", "--hf-config", str(cfg), "--batch", "2", "--seq", "8"]) == 0
     out = capsys.readouterr().out
-    assert "gpt2 from" in out and "predicted" in out and " ms" in out
+    assert "gpt2 from" in out and "predicted" in out and " ms" in out and "per op" not in out
+    # --breakdown: where the price parts from the captured run, per op kind, largest first
+    assert cli_main(["predict", "--device", "cpu-test", "--hf-config", str(cfg), "--batch", "2", "--seq", "8",
+                     "--breakdown"]) == 0
+    out = capsys.readouterr().out
+    assert "per op (traced self time" in out and "aten::addmm" in out and "predicted_over_traced" in out
+    assert cli_main(["predict", "--device", "cpu-test", "--breakdown"]) == 2  # a GPT-2 op list has no capture
+    assert "--breakdown needs a captured model" in capsys.readouterr().err
     assert cli_main(["predict", "--device", "cpu-test", "--hf-config", str(cfg), "--batch", "2", "--seq", "65"]) == 2
     assert "seq=65" in capsys.readouterr().err

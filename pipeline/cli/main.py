@@ -144,6 +144,8 @@ def cmd_predict(args) -> int:
         from pipeline.cli.predict import predict_captured
 
         return predict_captured(args)
+    if getattr(args, "breakdown", False):
+        raise DevcharError("--breakdown needs a captured model: give --hf-config or --module")
     from pipeline.cli.predict import champion_model, say_fallbacks
     from pipeline.predict.workload import extrapolation, extrapolation_warnings, predict_ops
     from pipeline.workloads.gpt2 import GPT2Spec, gpt2_ops
@@ -306,6 +308,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--hf-config", default=None, help="a Hugging Face config.json (any causal LM; random weights)")
     p.add_argument("--module", default=None, help="pkg.module:factory returning (module_or_callable, inputs)")
     p.add_argument("--measure", action="store_true", help="also run it here and print the measured time")
+    p.add_argument("--breakdown", action="store_true",
+                   help="with --hf-config/--module: per op kind, traced self time in the captured run beside "
+                        "the predicted time")
     p.set_defaults(fn=cmd_predict)
     s = sub.add_parser("sql", help="run one read-only SQL statement against the DuckDB warehouse")
     s.add_argument("query", help="exactly one statement; it can read the warehouse's tables and nothing else")

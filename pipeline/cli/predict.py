@@ -42,6 +42,10 @@ def predict_captured(args) -> int:
     if cov.get("weights_uncached_share") is not None:
         print(f"GEMM weights: {cov['weights_uncached_share']:.0%} priced as read from memory (the share the "
               f"{gemm.weight_cache_bytes / 2**20:.0f} MB weight cache measured on {args.device} cannot hold)")
+    if getattr(args, "breakdown", False):
+        from pipeline.predict.graph_predict import op_breakdown
+
+        _print_breakdown(op_breakdown(cov))
     if args.measure:
         m = pc.measure_call(model, inputs)
         err = (out["e2e_us"] - m.median_us) / m.median_us

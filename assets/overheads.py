@@ -3,8 +3,9 @@ traces) -> overhead_model, the shared table `devchar predict` uses for a never-s
 import pandas as pd
 
 import dagster as dg
-from assets.common import data_hash, device_check, md_table, row_count
+from assets.common import data_hash, device_check, image_md, md_table, row_count, save_plot
 from assets.samples import device_spec
+from pipeline.analysis.plots import t1_after_op_plot
 from pipeline.orchestration.partitions import devices
 from pipeline.predict.overheads import TYPES, OverheadModel
 from pipeline.predict.store import new_version
@@ -66,8 +67,11 @@ def overhead_model(context: dg.AssetExecutionContext, warehouse: DuckDBWarehouse
     after = {}
     if model.t1_after is not None:  # T1 after a long op: the measured slowdown per duration bin
         a = model.t1_after
+        png = t1_after_op_plot(samples[(samples["type"] == "T1") & samples["prev_us"].notna()], a)
+        save_plot(png, device, "t1_after_op")
         after = {"t1_after_previous_op": md_table(pd.DataFrame(
-            {"previous op from (us)": 2.0 ** a.log2_us, "T1 slowdown": a.slowdown.round(2)}))}
+            {"previous op from (us)": 2.0 ** a.log2_us, "T1 slowdown": a.slowdown.round(2)})),
+            "t1_after_op_plot": image_md(png, "T1 gap vs the previous op's duration")}
     return dg.MaterializeResult(metadata={
         "version": version, "path": dg.MetadataValue.path(str(path)), "mlflow_run_id": run,
         "mlflow_run": dg.MetadataValue.url(tracking.run_url(run)),

@@ -99,6 +99,9 @@ def test_rematerializing_replaces_rows_and_spares_other_devices(devchar_home):
     wh = DuckDBWarehouse()
     with dg.instance_for_test() as instance:
         assert _materialize(slug, instance, **NO_ERROR_GATE).success
+        # the CPU traces' T1 rows carry the previous op's duration: the overhead model fits its
+        # slowdown and the asset draws it
+        assert (devchar_home / "plots" / slug / "t1_after_op.png").is_file()
         # another device's rows, as if loaded from a reference calibration
         other = wh.query("SELECT * FROM gemm_samples WHERE device = ?", [slug]).assign(device="cuda-other-gpu")
         wh.replace_partition("gemm_samples", "cuda-other-gpu", other)

@@ -123,6 +123,21 @@ def attention_seq_scan_plot(scan, alignment: dict) -> bytes:
     return panel_per_group(groups, draw)
 
 
+def t1_after_op_plot(t1, after) -> bytes:
+    """T1 gaps against the previous op's duration (CPU captures), per workload, with the fitted
+    slowdown (overheads.AfterOp) drawn on the pooled gap after a short op."""
+    plt, fig, axes = new_figure(1)
+    ax = axes[0]
+    for w, g in t1.groupby("workload"):
+        ax.plot(np.maximum(g["prev_us"], 1.0), np.maximum(g["us"], 0.1), ".", ms=2, alpha=0.4, label=w)
+    edges = 2.0 ** np.append(after.log2_us, after.log2_us[-1] + 4)
+    ax.step(edges, np.append(after.slowdown, after.slowdown[-1]) * after.shared, where="post", color="k",
+            lw=1.5, label="fit: shared gap x slowdown")
+    label_axes(ax, "T1 after the previous op", "previous op (us)", "T1 gap (us)")
+    ax.legend(fontsize=6)
+    return to_png(plt, fig, axes, 1)
+
+
 def worst_per_bin_plot(worst) -> bytes:
     """PM2Lat Fig. 5: one panel per dtype, the max relative error of each model per FLOP bin."""
     groups = list(worst.groupby("dtype"))

@@ -36,6 +36,19 @@ def test_period_found_from_the_scan():
     assert find_period(np.concatenate([SCAN, SCAN]), np.concatenate([_kernel(SCAN), _kernel(SCAN) * 1.01])) == 16
 
 
+def test_a_period_with_one_multiple_in_the_scan_is_not_found():
+    """A tiny scan, 31…49, with seq 32 alone much faster (noise or not): one multiple of 32 says
+    nothing, and the fit that follows needs two; the multiples of 16 (32, 48) decide."""
+    seqs = np.arange(31, 50)
+    times = seqs.astype(float) ** 2
+    times[seqs == 32] *= 0.5
+    assert find_period(seqs, times) is None  # 48 does not drop, so 16 is not it either
+    times[seqs == 48] *= 0.5
+    assert find_period(seqs, times) == 16
+    scan = pd.DataFrame({"backend": "flash", "dtype": "float32", "seq_kv": seqs, "median_us": times})
+    assert fit_alignment(scan)[("flash", "float32")]["period"] == 16
+
+
 def test_ramp_measures_the_share_of_the_worst_tail():
     t = _kernel(SCAN, worst=2.0)
     ramp = fit_ramp(SCAN, t, 16)

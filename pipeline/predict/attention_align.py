@@ -35,12 +35,14 @@ def _series(seqs, times) -> dict[int, float]:
 def find_period(seqs, times, max_period: int = 64) -> int | None:
     """The alignment period of the kv length in a seq scan: the smallest power of two p whose
     odd multiples, and those of every larger power up to max_period, mostly drop (a multiple
-    of 16 is also one of 8, so "the multiples of 8 drop" would hold for a period of 16 too)."""
+    of 16 is also one of 8, so "the multiples of 8 drop" would hold for a period of 16 too).
+    A p with fewer than two multiples in the scan says nothing either way: one drop may be
+    noise, and fit_ramp needs two (a tiny scan, 31…49, once "found" 32 from seq 32 alone)."""
     t = _series(seqs, times)
     period, p = None, max_period
     while p >= 2:
         new = [m for m in t if m % p == 0 and (m // p) % 2 == 1 and m - 1 in t]
-        if new:
+        if new and sum(m % p == 0 for m in t) >= 2:
             if np.mean([t[m] < DROP * t[m - 1] for m in new]) < MOST:
                 break
             period = p

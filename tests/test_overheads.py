@@ -227,3 +227,27 @@ def test_critical_path_charges_the_gap_by_the_previous_ops_time():
     assert gap(short, 2.0) == pytest.approx(model.get("aten::add", "T1", prev_us=2.0 + model.get("x", "T2")))
     assert gap(long, 15000.0) == pytest.approx(model.t1_after.factor(15000.0) * model.get("aten::add", "T1"), rel=1e-6)
     assert gap(long, 15000.0) > 4 * gap(short, 2.0)
+
+
+def test_t1_after_keeps_the_gaps_after_the_few_long_ops_an_op_follows():
+    """An op that follows a long op only 10 % of the time: filtered per op alone, those gaps sit
+    past its upper quartile and would be dropped as outliers, and the slowdown with them."""
+    rng = np.random.default_rng(3)
+    n = 2000
+    long = rng.random(n) < 0.1
+    prev = np.where(long, rng.uniform(1000, 10000, n), rng.uniform(1, 4, n))
+    us = np.where(long, 30.0, 2.0) * rng.uniform(0.95, 1.05, n)
+    model = OverheadModel.fit(pd.DataFrame({"op": "aten::add", "type": "T1", "us": us, "prev_us": prev}))
+    assert model.t1_after.factor(5000.0) == pytest.approx(15.0, rel=0.1)
+    assert model.get("aten::add", "T1", prev_us=2.0) == pytest.approx(2.0, rel=0.1)
+
+
+def test_t1_after_with_zero_gaps_after_short_ops():
+    """T1 is clipped at 0: a first bin of zeros still leaves the next bin's slowdown at 1."""
+    prev = np.r_[np.full(40, 1.0), np.geomspace(100, 10000, 60)]
+    us = np.r_[np.zeros(40), np.full(60, 5.5)]
+    model = OverheadModel.fit(pd.DataFrame({"op": "aten::mm", "type": "T1", "us": us, "prev_us": prev}))
+    a = model.t1_after
+    assert a.slowdown[0] <= 1e-3 and a.slowdown[1] == pytest.approx(1.0)
+    assert model.get("aten::mm", "T1", prev_us=5000.0) == pytest.approx(5.5, rel=0.05)
+    assert model.get("aten::mm", "T1", prev_us=1.0) == pytest.approx(0.0, abs=0.01)

@@ -125,6 +125,16 @@ def test_segment_times_add_up_to_the_whole_on_the_cpu():
     assert sum(got.values()) == pytest.approx(critical_path(graph, over, synchronous=True).e2e_us)
     with pytest.raises(Exception, match="no segment"):
         segment_times(graph, {0: "embed"}, over)
+    # T1 5x after any op of 2 us or more (every op here): each gap but the first follows the op
+    # that really precedes it, across the segments' borders too
+    from dataclasses import replace
+
+    from pipeline.predict.overheads import AfterOp
+
+    slow = replace(over, t1_after=AfterOp([0.0, 1.0], [1.0, 5.0], {}, 1.0))
+    got = segment_times(graph, seg, slow, synchronous=True)
+    assert sum(got.values()) == pytest.approx(critical_path(graph, slow, synchronous=True).e2e_us)
+    assert got == {"embed": 4.0, "block0": 1 * 5 + 10 + 1 * 5 + 2, "lm_head": 5 + 7.0}
 
 
 # -- devchar plan: bad input is one line, a tiny model is planned end to end ---------------------

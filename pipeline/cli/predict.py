@@ -56,7 +56,8 @@ def predict_captured(args) -> int:
 
 def _print_breakdown(table) -> None:
     """The ops that hold 99 % of the traced time, predicted beside traced."""
-    keep = table[table["share_of_traced"].cumsum() <= 0.99].head(25) if len(table) else table
+    # the rows until the one that reaches 99 %, that one included (a single op may hold more)
+    keep = table[table["share_of_traced"].cumsum().shift(fill_value=0.0) < 0.99].head(25) if len(table) else table
     fmt = {"traced_us": "{:,.0f}".format, "predicted_us": "{:,.0f}".format, "share_of_traced": "{:.1%}".format,
            "predicted_over_traced": lambda v: "-" if v != v else f"{v:.2f}"}
     print("per op (traced self time in the captured run vs devchar's price):")

@@ -42,6 +42,9 @@ class E2E:
     active_us: float  # sum of kernel times: the paper's GPU active time / "kernel_only"
     # (op id, kernel name, start_us, end_us) per kernel, in launch order: the simulated timeline
     timeline: tuple[tuple[int, str, float, float], ...] = field(default=(), repr=False)
+    # (op id, CPU-clock µs from the end of the op before to this op's end: its T1 and its own
+    # time) per top-level op; in synchronous mode they add up to e2e_us
+    op_cpu: tuple[tuple[int, float], ...] = field(default=(), repr=False)
 
     @property
     def bound(self) -> str:
@@ -67,11 +70,12 @@ def critical_path(graph: ExecutionGraph, overheads: OverheadModel, *, synchronou
     """
     cpu_time = 0.0  # line 3
     gpu_time = 0.0
-    timeline = []
+    timeline, op_cpu = [], []
     prev_us = None  # how long the previous op held the CPU: a long one slows the gap after it
     for op in graph.top_level():  # line 4: only top-level ops are scheduled
         kernels = graph.launched_kernels(op.id)
         ov = overheads.lookup(op.name, has_kernels=bool(kernels), prev_us=prev_us)  # line 5
+        before = cpu_time
         cpu_time += ov["T1"]  # line 6
         op_start = cpu_time
         if kernels:  # line 7
@@ -95,5 +99,6 @@ def critical_path(graph: ExecutionGraph, overheads: OverheadModel, *, synchronou
         else:
             cpu_time += ov["T5"]  # line 19: a launch-less op's whole CPU time
         prev_us = cpu_time - op_start
+        op_cpu.append((op.id, cpu_time - before))
     e2e = max(gpu_time, cpu_time)  # line 22
-    return E2E(e2e, cpu_time, gpu_time, gpu_active_time(graph), tuple(timeline))
+    return E2E(e2e, cpu_time, gpu_time, gpu_active_time(graph), tuple(timeline), tuple(op_cpu))

@@ -153,14 +153,22 @@ def plan(first: StageCosts, second: StageCosts, transfer_bytes, link: Link) -> t
 
 def segment_times(graph: ExecutionGraph, segment_of: dict[int, str], overheads: OverheadModel, *,
                   synchronous: bool = True) -> dict[str, float]:
-    """Predicted time (µs) of each segment of a priced graph: Algorithm 1 over the top-level
-    ops `segment_of` assigns to it (critical_path.py), as if that segment ran alone. On the CPU
-    (synchronous) the segments add up to the whole graph's prediction exactly."""
+    """Predicted time (µs) of each segment of a priced graph. On the CPU (synchronous) one walk
+    of Algorithm 1 over the whole graph, each op's CPU time (its T1 and its own) to its segment:
+    the segments add up to the whole graph's prediction exactly, and an op's T1 follows the op
+    that really precedes it (a long one slows the gap after it, overheads.AfterOp). On a GPU,
+    Algorithm 1 over the top-level ops `segment_of` assigns to it, as if that segment ran alone
+    (its device clock overlaps the host's)."""
     tops = graph.top_level()
     missing = [op.id for op in tops if op.id not in segment_of]
     if missing:
         raise BadShapeError(f"{len(missing)} top-level ops have no segment (first: op {missing[0]})")
     names = list(dict.fromkeys(segment_of[op.id] for op in tops))
+    if synchronous:
+        out = dict.fromkeys(names, 0.0)
+        for op_id, us in critical_path(graph, overheads, synchronous=True).op_cpu:
+            out[segment_of[op_id]] += us
+        return out
     out = {}
     for name in names:
         sub = graph.remove_ops(lambda op, name=name: op.parent is None and segment_of[op.id] != name)

@@ -1,0 +1,141 @@
+"""The CPU GEMM model's extra grids: the aspect correction (skinny and wide shapes against the
+whole-wave table's square ones) and the unaligned twins (rows that end mid cache line)."""
+import json
+from dataclasses import replace
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from pipeline.predict.gemm import GemmModel, GemmTable
+
+
+def test_the_aspect_grid_corrects_skinny_shapes_and_leaves_square_ones(synthetic_gemm_model):
+    """A made-up CPU where shapes with M = 1 run twice as slow as the table's near-square
+    ones: the fitted correction doubles them, leaves M = N alone, and saves and loads back."""
+    table = synthetic_gemm_model.table("mm", "float32")
+    sides = [1, 4, 16, 64]
+    shapes = pd.DataFrame([dict(m=m, n=n, k=64, batch=1) for m in sides for n in sides])
+    base = table.predict_us(shapes["m"], shapes["n"], shapes["k"], shapes["batch"])
+    rows = shapes.assign(median_us=base * np.where(shapes["m"] == 1, 2.0, 1.0))
+    fixed = table.with_aspect(rows)
+    got = fixed.predict_us(np.array([1, 16]), np.array([64, 16]), np.array([64, 64]), np.array([1, 1]))
+    want = table.predict_us(np.array([1, 16]), np.array([64, 16]), np.array([64, 64]), np.array([1, 1]))
+    assert got == pytest.approx(want * [2.0, 1.0])
+    again = GemmTable.from_dict(json.loads(json.dumps(fixed.to_dict())))
+    assert again.predict_us(np.array([1]), np.array([64]), np.array([64]), np.array([1])) == pytest.approx(got[:1])
+    assert "aspect_log" not in table.to_dict()  # a table without one saves as before
+
+
+def test_aspect_rows_fit_the_correction_not_the_whole_wave_table(synthetic_gemm_model):
+    table = synthetic_gemm_model.table("mm", "float32")
+    waves_rows = pd.DataFrame([dict(op="mm", dtype="float32", kernel="cpu", tile_m=8, tile_n=8, slots=2, batch=1,
+                                    m=m, n=n, k=k, waves=w, median_us=(1 + k / 32) * w**0.8, held_out=False,
+                                    grid="waves")
+                               for w, (m, n) in ((1, (8, 16)), (4, (16, 32)), (16, (32, 64)))
+                               for k in (32, 64, 128, 256)])
+    # two cells of one output size: 32 x 32 runs as the table says, 1 x 1024 far slower
+    square = waves_rows.iloc[:1].assign(m=32, n=32, median_us=float(table.predict_us(32, 32, 32, 1)), grid="aspect")
+    skinny = waves_rows.iloc[:1].assign(m=1, n=1024, waves=16, median_us=1e6, grid="aspect")
+    fitted = GemmModel.fit(pd.concat([waves_rows, square, skinny], ignore_index=True)).table("mm", "float32")
+    assert np.array_equal(fitted.thr, table.thr)  # the aspect row did not enter the table
+    assert fitted.aspect_factor(1, 1024) > 10 and fitted.aspect_factor(32, 32) == pytest.approx(1.0)
+
+
+def test_unaligned_twins_price_rows_that_end_mid_cache_line(synthetic_gemm_model):
+    """A made-up CPU where N one off a cache line costs 1.5x beyond the extra FLOPs at M <= 64
+    (and nothing at M >= 256), K one off costs nothing, and one twin was timed in a stall: the
+    fitted correction applies 1.5x to unaligned N at M = 16, leaves aligned shapes and M = 1024
+    alone, ignores the stalled cell, and saves and loads back."""
+    from pipeline.predict.gemm_grids import is_aligned
+
+    table = synthetic_gemm_model.table("mm", "float32")
+    sides = [16, 64, 256, 1024]
+    cells = pd.DataFrame([dict(m=m, n=n, k=64, batch=1) for m in sides for n in sides])
+    base = cells.assign(median_us=table.predict_us(cells["m"], cells["n"], cells["k"], cells["batch"]))
+    cost = np.where(cells["m"] <= 64, 1.5, 1.0)
+    cost[(cells["m"] == 16) & (cells["n"] == 64)] = 1e-3  # a twin far faster than its base: a stalled base
+    twin_n = cells.assign(n=cells["n"] + 1, grid="unaligned_n",
+                          median_us=base["median_us"] * (cells["n"] + 1) / cells["n"] * cost)
+    twin_k = cells.assign(k=65, grid="unaligned_k", median_us=base["median_us"] * 65 / 64)
+    fixed = table.with_aspect(base).with_alignment(base, pd.concat([twin_n, twin_k], ignore_index=True))
+    assert fixed.alignment_factor(16, 257, 64) == pytest.approx(1.5)
+    assert fixed.alignment_factor(16, 65, 64) == pytest.approx(1.5)  # the stalled cell outvoted
+    assert fixed.alignment_factor(16, 256, 64) == pytest.approx(1.0)  # aligned: untouched
+    assert fixed.alignment_factor(1024, 257, 65) == pytest.approx(1.0)  # no cost measured there
+    again = GemmTable.from_dict(json.loads(json.dumps(fixed.to_dict())))
+    assert again.alignment_factor(16, 257, 64) == pytest.approx(1.5)
+    assert fixed.alignment_factor(16, 257, 2) == pytest.approx(1.5)  # K = 2: shorter than a line, not charged
+    assert fixed.alignment_factor(16, 7, 64) == pytest.approx(1.0)  # N = 7: the grid's own sub-line sides
+    assert is_aligned(16, "float32") and not is_aligned(50257, "float32") and is_aligned(32, "bfloat16")
+    assert "unaligned_n_log" not in table.to_dict()
+
+
+def test_the_cpu_sweep_has_unaligned_twins_of_the_aspect_cells(cpu):
+    from pipeline.sweeps.gemm import sweep_points
+    from pipeline.sweeps.profiles import get_profile
+
+    profile = get_profile("quick", "cpu")
+    pts = sweep_points(cpu, profile, {})
+    cells = {(p.op, p.dtype, p.m, p.n, p.k) for p in pts if p.grid == "aspect" and p.k == profile.gemm_twin_k}
+    twins_n = {(p.op, p.dtype, p.m, p.n - 1, p.k) for p in pts if p.grid == "unaligned_n"}
+    twins_k = {(p.op, p.dtype, p.m, p.n, p.k - 1) for p in pts if p.grid == "unaligned_k"}
+    assert cells and cells <= twins_n and cells <= twins_k
+    # the twins sit at the profile's twin K only, whatever other K the aspect grid has
+    assert {p.k for p in pts if p.grid == "unaligned_n"} == {profile.gemm_twin_k} != set(profile.gemm_aspect_k)
+    assert not any(p.grid.startswith("unaligned") for p in pts if p.op == "bmm")
+
+
+def test_the_aspect_correction_follows_k(synthetic_gemm_model):
+    """A made-up CPU where M = 1 shapes run as the table says at K = 32 and 4x slower at K = 128:
+    the correction is per K of the aspect grid, linear in log2 K between them, held beyond."""
+    table = synthetic_gemm_model.table("mm", "float32")
+    sides = [1, 4, 16, 64]
+    shapes = pd.DataFrame([dict(m=m, n=n, k=k, batch=1) for m in sides for n in sides for k in (32, 128)])
+    base = table.predict_us(shapes["m"], shapes["n"], shapes["k"], shapes["batch"])
+    slow = np.where((shapes["m"] == 1) & (shapes["k"] == 128), 4.0, 1.0)
+    fixed = table.with_aspect(shapes.assign(median_us=base * slow))
+    assert fixed.aspect_log.shape == (4, 4, 2)
+    factor = lambda k: float(fixed.aspect_factor(1, 64, k))  # noqa: E731
+    assert factor(32) == pytest.approx(1.0) and factor(128) == pytest.approx(4.0)
+    assert factor(64) == pytest.approx(2.0) and factor(16) == pytest.approx(1.0) and factor(512) == pytest.approx(4.0)
+    assert float(fixed.aspect_factor(16, 16, 128)) == pytest.approx(1.0)
+    again = GemmTable.from_dict(json.loads(json.dumps(fixed.to_dict())))
+    assert float(again.aspect_factor(1, 64, 64)) == pytest.approx(2.0)
+    # a table saved with one correction over all K (before aspect_k) loads and prices as it did
+    flat = replace(fixed, aspect_log=np.log(np.full((4, 4), 2.0)), aspect_k=None)
+    assert float(GemmTable.from_dict(json.loads(json.dumps(flat.to_dict()))).aspect_factor(1, 64, 64)) == pytest.approx(2.0)
+
+
+def test_aspect_cells_under_one_wave_keep_their_own_error():
+    import pandas as pd
+
+    from pipeline.predict.gemm_grids import relative_to_square
+
+    # log ratios over M x N = (1, 4, 16) x (1, 4, 16); the 1 x 1 cell (a GEMV 4x slower than priced)
+    grid = pd.DataFrame([[np.log(4), 0.5, 0.2], [0.3, 0.1, 0.0], [0.2, 0.0, 0.0]], index=[1.0, 4.0, 16.0],
+                        columns=[1.0, 4.0, 16.0])
+    rel = relative_to_square(grid)
+    assert rel[0, 0] == 0.0  # relative to itself: the slowdown is lost
+    kept = relative_to_square(grid, one_wave=8.0)
+    assert kept[0, 0] == pytest.approx(np.log(4))  # 1 output < one wave of 8: its own value
+    assert kept[0, 1] == pytest.approx(0.5) and kept[1, 0] == pytest.approx(0.3)  # size 4 < 8 too
+    # from one wave up, relative to the most square cell of the same size, as before
+    np.testing.assert_allclose(kept[1:, 1:], rel[1:, 1:])
+    assert kept[0, 2] == pytest.approx(rel[0, 2])
+
+
+def test_aspect_correction_is_zero_at_the_square_cell_in_elements():
+    import pandas as pd
+
+    from pipeline.predict.gemm_grids import relative_to_square
+
+    # M x N over (1, 4, 16, 64); on the size-256 anti-diagonal: 4 x 64 (+0.3), 16 x 16 (+0.1),
+    # 64 x 4 (+0.2). The whole-wave table measured square shapes (in elements, whatever the
+    # tile), so 16 x 16 is the zero and the others keep their difference from it.
+    sides = [1.0, 4.0, 16.0, 64.0]
+    grid = pd.DataFrame(np.zeros((4, 4)), index=sides, columns=sides)
+    grid.loc[4.0, 64.0], grid.loc[16.0, 16.0], grid.loc[64.0, 4.0] = 0.3, 0.1, 0.2
+    rel = relative_to_square(grid)
+    assert rel[2, 2] == pytest.approx(0.0)
+    assert rel[1, 3] == pytest.approx(0.2) and rel[3, 1] == pytest.approx(0.1)

@@ -67,7 +67,7 @@ def overhead_model(context: dg.AssetExecutionContext, warehouse: DuckDBWarehouse
     after = {}
     if model.t1_after is not None:  # T1 after a long op: the measured slowdown per duration bin
         a = model.t1_after
-        png = t1_after_op_plot(samples[(samples["type"] == "T1") & samples["prev_us"].notna()], a)
+        png = t1_after_op_plot(samples[(samples["type"] == "T1") & samples["prev_us"].notna()], a, model.shared["T1"])
         save_plot(png, device, "t1_after_op")
         after = {"t1_after_previous_op": md_table(pd.DataFrame(
             {"previous op from (us)": 2.0 ** a.log2_us, "T1 slowdown": a.slowdown.round(2)})),

@@ -195,8 +195,8 @@ def test_t1_after_a_long_op_is_fitted_from_the_previous_ops_duration():
     # the op's own T1 is its gap after a short op; lookup scales it by the previous op
     assert model.get("aten::mm", "T1") == pytest.approx(6.0, rel=0.1)
     assert model.get("aten::mm", "T1", prev_us=15000.0) == pytest.approx(36.0, rel=0.2)
-    assert model.get("aten::unseen", "T1", prev_us=1.0) == pytest.approx(a.shared)
-    assert 2.0 < a.shared < 6.0
+    assert model.get("aten::unseen", "T1", prev_us=1.0) == pytest.approx(model.shared["T1"])
+    assert 2.0 < model.shared["T1"] < 6.0
     # without prev_us (a GPU capture, an older calibration) T1 stays one mean per op
     plain = OverheadModel.fit(samples.drop(columns="prev_us"))
     assert plain.t1_after is None and plain.get("aten::mm", "T1", prev_us=15000.0) == plain.get("aten::mm", "T1")

@@ -131,7 +131,7 @@ def test_segment_times_add_up_to_the_whole_on_the_cpu():
 
     from pipeline.predict.overheads import AfterOp
 
-    slow = replace(over, t1_after=AfterOp([0.0, 1.0], [1.0, 5.0], {}, 1.0))
+    slow = replace(over, t1_after=AfterOp([0.0, 1.0], [1.0, 5.0]))
     got = segment_times(graph, seg, slow, synchronous=True)
     assert sum(got.values()) == pytest.approx(critical_path(graph, slow, synchronous=True).e2e_us)
     assert got == {"embed": 4.0, "block0": 1 * 5 + 10 + 1 * 5 + 2, "lm_head": 5 + 7.0}

@@ -123,15 +123,15 @@ def attention_seq_scan_plot(scan, alignment: dict) -> bytes:
     return panel_per_group(groups, draw)
 
 
-def t1_after_op_plot(t1, after) -> bytes:
+def t1_after_op_plot(t1, after, shared_us: float) -> bytes:
     """T1 gaps against the previous op's duration (CPU captures), per workload, with the fitted
-    slowdown (overheads.AfterOp) drawn on the pooled gap after a short op."""
+    slowdown (overheads.AfterOp) drawn on the pooled gap after a short op, `shared_us`."""
     plt, fig, axes = new_figure(1)
     ax = axes[0]
     for w, g in t1.groupby("workload"):
         ax.plot(np.maximum(g["prev_us"], 1.0), np.maximum(g["us"], 0.1), ".", ms=2, alpha=0.4, label=w)
     edges = 2.0 ** np.append(after.log2_us, after.log2_us[-1] + 4)
-    ax.step(edges, np.append(after.slowdown, after.slowdown[-1]) * after.shared, where="post", color="k",
+    ax.step(edges, np.append(after.slowdown, after.slowdown[-1]) * shared_us, where="post", color="k",
             lw=1.5, label="fit: shared gap x slowdown")
     label_axes(ax, "T1 after the previous op", "previous op (us)", "T1 gap (us)")
     ax.legend(fontsize=6)

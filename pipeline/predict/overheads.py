@@ -48,14 +48,20 @@ class OverheadError(DevcharError, ValueError):
     """Bad overhead samples or trace."""
 
 
+def inliers(values, k: float = IQR_K) -> np.ndarray:
+    """Which values lie inside [Q1 - k·IQR, Q3 + k·IQR] (numpy's linear quantiles)."""
+    v = np.asarray(values, dtype=float)
+    if v.size == 0:
+        return np.zeros(0, bool)
+    q1, q3 = np.percentile(v, [25, 75])
+    iqr = q3 - q1
+    return (v >= q1 - k * iqr) & (v <= q3 + k * iqr)
+
+
 def remove_outliers(values, k: float = IQR_K) -> np.ndarray:
     """Keep values inside [Q1 - k·IQR, Q3 + k·IQR] (numpy's linear quantiles)."""
     v = np.asarray(values, dtype=float)
-    if v.size == 0:
-        return v
-    q1, q3 = np.percentile(v, [25, 75])
-    iqr = q3 - q1
-    return v[(v >= q1 - k * iqr) & (v <= q3 + k * iqr)]
+    return v[inliers(v, k)]
 
 
 @dataclass(frozen=True)
@@ -73,8 +79,8 @@ class OverheadModel(DataclassJSON):
     individual: dict[str, dict[str, float]]
     shared: dict[str, float]
     counts: dict[str, dict[str, int]] = field(default_factory=dict)
-    # T1 by how long the op before ran (AfterOp); with it, the T1 entries above are the gaps
-    # after a short op. None: T1 is one mean per op, as the paper has it.
+    # T1's slowdown by how long the op before ran (AfterOp); with it, the T1 entries above are
+    # the gaps after a short op. None: T1 is one mean per op, as the paper has it.
     t1_after: "AfterOp | None" = None
 
     @classmethod
@@ -103,11 +109,12 @@ class OverheadModel(DataclassJSON):
             key = T5_NO_KERNELS if t == "T5" and op not in launching else t
             pooled.setdefault(key, []).append(kept)
         shared = {t: float(np.concatenate(v).mean()) for t, v in sorted(pooled.items())}
-        t1_after = AfterOp.fit(samples, k) if "prev_us" in samples else None
-        if t1_after is not None:  # the T1 entries become the gaps after a short op
-            individual = {op: {**ts, **({"T1": t1_after.base[op]} if op in t1_after.base else {})}
-                          for op, ts in individual.items()}
-            shared = {**shared, "T1": t1_after.shared}
+        fitted = AfterOp.fit(samples, k) if "prev_us" in samples else None
+        t1_after = None
+        if fitted is not None:  # the T1 entries become the gaps after a short op
+            t1_after, base, pooled = fitted
+            individual = {op: {**ts, **({"T1": base[op]} if op in base else {})} for op, ts in individual.items()}
+            shared = {**shared, "T1": pooled}
         return cls(individual, shared, counts, t1_after)
 
     def get(self, op: str, t: str, has_kernels: bool = True, prev_us: float | None = None) -> float:
@@ -160,15 +167,14 @@ class AfterOp(DataclassJSON):
     85 after 4 MB, 110 after 16 MB and 185 after 64 MB (untraced), and traced T1 gaps rose from
     a median of 1.5-3.5 us after ops under 2 us to 30-40 us after ops of 1-10 ms, in GPT-2, DLRM
     and the MLP alike. Modelled as T1 = base[op] x factor(previous op's duration): `base` is
-    the gap after a short op, `factor` a step function over log2 duration bins (each holding
-    at least MIN_BIN_SAMPLES gaps), 1 in the first bin and never falling, fitted on the gaps
-    IQR-filtered per bin by alternating the two (iterative proportional fitting).
+    the gap after a short op (OverheadModel's T1 entries), `factor` a step function over log2
+    duration bins (each holding at least MIN_BIN_SAMPLES gaps), 1 in the first bin and never
+    falling, fitted on the gaps IQR-filtered per bin by alternating the two (iterative
+    proportional fitting).
     """
 
     log2_us: np.ndarray  # (B,) lower edge of each bin, floor(log2(previous op us)), ascending
     slowdown: np.ndarray  # (B,) factor on the base gap in that bin; 1 in the first bin with gaps
-    base: dict[str, float]  # per op: its gap after a short previous op
-    shared: float  # the same, pooled over ops: what an op never traced gets
 
     def __post_init__(self):
         object.__setattr__(self, "log2_us", np.asarray(self.log2_us, float))
@@ -176,15 +182,17 @@ class AfterOp(DataclassJSON):
 
     def __eq__(self, other) -> bool:  # the generated one would compare arrays elementwise
         return isinstance(other, AfterOp) and np.array_equal(self.log2_us, other.log2_us) \
-            and np.array_equal(self.slowdown, other.slowdown) and (self.base, self.shared) == (other.base, other.shared)
+            and np.array_equal(self.slowdown, other.slowdown)
 
     def factor(self, prev_us: float) -> float:
         at = np.searchsorted(self.log2_us, math.floor(math.log2(max(float(prev_us), 1.0))), side="right") - 1
         return float(self.slowdown[max(int(at), 0)])
 
     @staticmethod
-    def fit(samples: pd.DataFrame, k: float = IQR_K, iters: int = 20) -> "AfterOp | None":
-        """From the T1 rows with a `prev_us`; None when fewer than two bins' worth of them."""
+    def fit(samples: pd.DataFrame, k: float = IQR_K,
+            iters: int = 20) -> "tuple[AfterOp, dict[str, float], float] | None":
+        """From the T1 rows with a `prev_us`: the slowdown, each op's gap after a short op and the
+        same pooled over ops (what an op never traced gets); None with fewer than two bins' worth."""
         t1 = samples[(samples["type"] == "T1") & samples["prev_us"].notna()]
         if len(t1) < 2 * MIN_BIN_SAMPLES:
             return None
@@ -196,7 +204,7 @@ class AfterOp(DataclassJSON):
         # very effect fitted here); per (op, bin), most groups are too small for an IQR to trim
         # the stalls that a mean then carries (Xeon reference, DLRM e2e_shared: per bin 4.6 %,
         # per (op, bin) 6.2 %)
-        kept = [g[g["us"].isin(remove_outliers(g["us"], k))] for _, g in t1.groupby("bin", sort=True)]
+        kept = [g[inliers(g["us"], k)] for _, g in t1.groupby("bin", sort=True)]
         t1 = pd.concat(kept)
         us, b = t1["us"].to_numpy(float), t1["bin"].to_numpy(int)
         ops, o = np.unique(t1["op"].to_numpy(str), return_inverse=True)
@@ -209,8 +217,8 @@ class AfterOp(DataclassJSON):
             first = slow[slow > 0][0] if (slow > 0).any() else 1.0
             slow = np.maximum.accumulate(np.maximum(slow / first, 1e-3))
         base = np.bincount(o, us) / np.maximum(np.bincount(o, slow[b]), 1e-12)
-        return AfterOp(edges, slow, {str(op): float(v) for op, v in zip(ops, base)},
-                       float(us.sum() / max(slow[b].sum(), 1e-12)))
+        return (AfterOp(edges, slow), {str(op): float(v) for op, v in zip(ops, base)},
+                float(us.sum() / max(slow[b].sum(), 1e-12)))
 
 
 def _bins(lb: np.ndarray) -> np.ndarray:

@@ -84,8 +84,9 @@ def test_utilities_match_profiler(model, batch):
     want_calls, want_elems = Counter(), Counter()
     for o in gpt2_ops(SPEC, batch, SEQ):
         if not isinstance(o, GemmOp):
-            want_calls[o.op] += o.count
-            want_elems[o.op] += o.rows * o.cols * o.count
+            kind = "copy" if o.op.startswith("copy") else o.op  # the profiler's shapes say no layout
+            want_calls[kind] += o.count
+            want_elems[kind] += o.rows * o.cols * o.count
     for kind in ("softmax", "layernorm", "gelu"):
         assert calls[kind] == want_calls[kind] > 0, kind
     assert calls == want_calls

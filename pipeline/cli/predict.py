@@ -110,14 +110,14 @@ def cmd_what_if(args) -> int:
         raise BadShapeError(f"no captured graph of {args.config!r} at batch={args.batch} for {device}; "
                             f"captured batches: {sorted(by_batch)}")
     row = by_batch[args.batch]
-    graph, shapes, scalars = gp.load_graph(row["graph_json"])
+    graph, shapes, scalars, strides = gp.load_graph(row["graph_json"])
     key = {k: row[k] for k in gp.KEY}
     overheads = gp.overheads_for(wh.device_rows("overhead_samples", device), key)
     models = {m: _load_model(device, m) for m in ("gemm_model", "utility_model", "embedding_model", "memory_model")}
     sync = _is_cpu(device)
 
-    def show(label, g, shp, sc, breakdown=False):
-        got = gp.predict_graph(g, shp, sc, models, row["dtype"], overheads, sync)
+    def show(label, g, shp, sc, breakdown=False, st=strides):
+        got = gp.predict_graph(g, shp, sc, models, row["dtype"], overheads, sync, st)
         parts = ", ".join(f"{p} {got[p] / 1e3:.2f} ms" for p in gp.PREDICTORS if p in got)
         print(f"{label}: {parts}")
         if breakdown:
@@ -134,7 +134,7 @@ def cmd_what_if(args) -> int:
         other = min(others, key=lambda b: abs(b - args.new_batch), default=None)
         if other is None:
             raise BadShapeError(f"{args.config!r} was captured at one batch size only; a batch what-if needs two")
-        og, oshapes, _ = gp.load_graph(by_batch[other]["graph_json"])
+        og, oshapes, _, _ = gp.load_graph(by_batch[other]["graph_json"])
         shapes, report = with_batch(graph, shapes, args.batch, oshapes, og, other, args.new_batch)
         label += f" batch={args.new_batch} (shapes solved from batches {args.batch} and {other}; " \
                  f"{report['unaligned_ops']} ops unaligned)"
@@ -143,8 +143,8 @@ def cmd_what_if(args) -> int:
         label += " with one batched EmbeddingBag"
     got = show(label, graph, shapes, scalars)
     if args.new_batch in by_batch and not args.fuse_embeddings:
-        g2, s2, c2 = gp.load_graph(by_batch[args.new_batch]["graph_json"])
-        show(f"  check: the graph captured at batch={args.new_batch}", g2, s2, c2)
+        g2, s2, c2, t2 = gp.load_graph(by_batch[args.new_batch]["graph_json"])
+        show(f"  check: the graph captured at batch={args.new_batch}", g2, s2, c2, st=t2)
     if args.measure:
         m = _measure_what_if(args.config, args.batch if args.new_batch is None else args.new_batch, args.fuse_embeddings)
         best = got.get("e2e_shared", got["kernel_only"])

@@ -8,8 +8,12 @@ from pipeline.core.errors import BadShapeError, check_dims
 GEMM_OPS = ("mm", "bmm", "linear")
 # Memory-bound ops devchar measures in utility_samples. Shapes are (rows, cols); the
 # reductions (softmax, layernorm, rmsnorm) reduce over cols; embedding gathers `rows`
-# rows of width `cols` from a table.
-UTILITY_OPS = ("relu", "gelu", "silu", "add", "mul", "dropout", "softmax", "layernorm", "rmsnorm", "embedding", "copy")
+# rows of width `cols` from a table. A copy is priced by its source's layout (price.py
+# copy_layout): `copy` transposes (a strided innermost dim), `copy_rows` gathers contiguous
+# runs of `cols` elements (a permute of heads, a slice), `copy_bcast` repeats a source
+# broadcast along a dim (a bias copied into a GEMM output, repeat_kv's expand).
+UTILITY_OPS = ("relu", "gelu", "silu", "add", "mul", "dropout", "softmax", "layernorm", "rmsnorm", "embedding", "copy",
+               "copy_rows", "copy_bcast")
 
 
 @dataclass(frozen=True)

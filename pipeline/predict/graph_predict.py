@@ -27,16 +27,17 @@ KEY = ["workload", "config", "batch", "seq", "mode"]
 PREDICTORS = ("kernel_only", "e2e_individual", "e2e_shared")
 
 
-def load_graph(graph_json: str) -> tuple[ExecutionGraph, dict, dict]:
-    """(graph, shapes, scalars) from a workload_graphs row; JSON turned op-id keys into strings."""
+def load_graph(graph_json: str) -> tuple[ExecutionGraph, dict, dict, dict]:
+    """(graph, shapes, scalars, strides) from a workload_graphs row; JSON turned op-id keys into
+    strings. Graphs captured before 2026-11-25 20:00 carry no strides ({})."""
     try:
         d = json.loads(graph_json)
         graph = ExecutionGraph.from_dict(d["graph"])
-        shapes = {int(k): v for k, v in d.get("shapes", {}).items()}
-        scalars = {int(k): v for k, v in d.get("scalars", {}).items()}
-    except (ValueError, KeyError, TypeError) as e:
+        shapes, scalars, strides = ({int(k): v for k, v in d.get(part, {}).items()}
+                                    for part in ("shapes", "scalars", "strides"))
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
         raise DevcharError(f"workload graph JSON is unreadable: {e}") from None
-    return graph, shapes, scalars
+    return graph, shapes, scalars, strides
 
 
 def overheads_for(samples: pd.DataFrame, key: dict) -> dict[str, OverheadModel | None]:
@@ -50,11 +51,11 @@ def overheads_for(samples: pd.DataFrame, key: dict) -> dict[str, OverheadModel |
 
 
 def predict_graph(graph: ExecutionGraph, shapes: dict, scalars: dict, models: dict, dtype: str,
-                  overheads: dict[str, OverheadModel | None], synchronous: bool) -> dict:
+                  overheads: dict[str, OverheadModel | None], synchronous: bool, strides: dict | None = None) -> dict:
     """Predicted µs per predictor, plus the priced graph's coverage (price.py)."""
     extra = RecsysOps(models.get("embedding_model"), models.get("memory_model"))
     priced, cov = price_graph(graph, shapes, models["gemm_model"], models["utility_model"], dtype,
-                              scalars=scalars, extra=extra, synchronous=synchronous)
+                              scalars=scalars, extra=extra, synchronous=synchronous, strides=strides)
     out = {"kernel_only": critical_path(priced, OverheadModel({}, {}), synchronous=synchronous).active_us}
     for name, model in overheads.items():
         if model is not None:
@@ -74,9 +75,10 @@ def predict_runs(runs: pd.DataFrame, graphs: pd.DataFrame, samples: pd.DataFrame
         g = g_by_key.get(tuple(run[k] for k in KEY))
         if g is None:
             continue
-        graph, shapes, scalars = load_graph(g["graph_json"])
+        graph, shapes, scalars, strides = load_graph(g["graph_json"])
         key = {k: run[k] for k in KEY}
-        got = predict_graph(graph, shapes, scalars, models, run["dtype"], overheads_for(samples, key), synchronous)
+        got = predict_graph(graph, shapes, scalars, models, run["dtype"], overheads_for(samples, key), synchronous,
+                            strides)
         cov = got["coverage"]
         active_measured = (cov["priced_us"] + cov["covered_us"]) / 1e3  # traced self time of modeled work
         for p in PREDICTORS:

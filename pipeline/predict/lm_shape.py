@@ -118,7 +118,8 @@ class LMShape:
         if self.gated:
             ops.append(UtilityOp("mlp.gate_mul", "mul", rows=t, cols=self.ffn, count=n))
         if self.heads > 1 and seq > 1:
-            ops.append(UtilityOp("attn.merge_heads", "copy", rows=t, cols=self.attn_width, count=n))
+            # (B, H, S, D) -> (B, S, H*D): rows of head_dim, permuted (price.copy_layout)
+            ops.append(UtilityOp("attn.merge_heads", "copy_rows", rows=t * self.heads, cols=self.head_dim, count=n))
         return ops
 
     def ops(self, batch: int, seq: int) -> list[Op]:

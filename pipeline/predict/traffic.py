@@ -22,6 +22,8 @@ _PROFILE = {
     "rmsnorm": (1, 1, 4, 1),
     "embedding": (1, 1, 0, 0),  # gathers rows x cols from the table; int64 indices below
     "copy": (1, 1, 0, 0),
+    "copy_rows": (1, 1, 0, 0),
+    "copy_bcast": (0, 1, 0, 1),  # reads one row of cols (the broadcast source), writes them all
 }
 assert set(_PROFILE) == set(UTILITY_OPS)
 

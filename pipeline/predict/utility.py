@@ -22,6 +22,7 @@ from pipeline.predict.traffic import utility_traffic
 from pipeline.core.ops import UTILITY_OPS
 
 FEATURES = ("const", "bytes", "flops", "rows")
+COPY_LAYOUTS = ("copy_rows", "copy_bcast")  # timed since 2026-11-25; "copy" (transposing) before
 
 
 def features(op: str, dtype: str, rows, cols) -> np.ndarray:
@@ -86,6 +87,9 @@ class UtilityModel:
         if (r <= 0).any() or (c <= 0).any():
             raise BadShapeError(f"utility shape must be positive; got rows={r.min()} cols={c.min()}")
         key = (op, "float32" if dtype == "tf32" else dtype)
+        if key not in self.regimes and op in COPY_LAYOUTS and ("copy", key[1]) in self.regimes:
+            key = ("copy", key[1])  # a calibration from before copies were told by layout: as it priced them
+            op = "copy"
         if key not in self.regimes:
             raise MissingModelError(f"no utility calibration for op={op!r} dtype={dtype!r}")
         reg = self.regimes[key]

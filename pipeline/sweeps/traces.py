@@ -43,7 +43,8 @@ def sweep_traces(dev: DeviceIdentity, profile: Profile, log=None, dtype: str = "
                        "traced_ms": sum(info["times"][op.id]["dur"] for op in top) / 1e3,
                        "capture_source": info["source"], "times_source": info["times_source"],
                        "graph_json": json.dumps({"graph": graph.to_dict(), "shapes": info["shapes"],
-                                                 "scalars": info.get("scalars", {})})})
+                                                 "scalars": info.get("scalars", {}),
+                                                 "strides": info.get("strides", {})})})
         prog.step(f"{e.workload} {e.config} b={e.batch} s={e.seq}: {len(graph)} ops, {len(rows)} overheads")
     return {"workload_graphs": graphs, "overhead_samples": samples}
 

@@ -49,8 +49,14 @@ def _utility_callable(op: str, dtype: str, rows: int, cols: int, device: str):
     if op in ("add", "mul"):
         y = torch.randn(rows, cols, **kw)
         return (lambda: x + y) if op == "add" else (lambda: x * y)
-    if op == "copy":  # a strided (transposing) copy, as when attention heads are merged back
+    if op == "copy":  # a transposing copy (a key transposed for q @ k^T): every element strided
         src = torch.randn(cols, rows, **kw).t()  # a (rows, cols) view; copy_ always moves every element
+        return lambda: x.copy_(src)
+    if op == "copy_rows":  # rows of `cols` contiguous elements at a stride (heads permuted, merged back)
+        src = torch.randn(rows, 2 * cols, **kw)[:, :cols]
+        return lambda: x.copy_(src)
+    if op == "copy_bcast":  # one row repeated (a bias copied into a GEMM's output)
+        src = torch.randn(cols, **kw).expand(rows, cols)
         return lambda: x.copy_(src)
     w, b = torch.ones(cols, **kw), torch.zeros(cols, **kw)
     table = {

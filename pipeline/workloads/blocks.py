@@ -139,7 +139,7 @@ def price_blocks(model, inputs: dict, dtype: str, devices: dict[str, dict]) -> B
     costs, pieces, coverage = {}, {}, {}
     for slug, m in devices.items():
         priced, cov = price_graph(graph, info["shapes"], m["gemm"], m["utility"], dtype, scalars=info.get("scalars"),
-                                  extra=m.get("extra"), synchronous=m["synchronous"])
+                                  extra=m.get("extra"), synchronous=m["synchronous"], strides=info.get("strides"))
         times = segment_times(priced, seg, m["overheads"] or NO_OVERHEADS, synchronous=m["synchronous"])
         pieces[slug], coverage[slug] = times, cov
         costs[slug] = stage_costs(slug, times, n)

@@ -18,7 +18,7 @@ What becomes what:
 
 Shapes do not fit in `Op`, so they live in side tables keyed by op id:
 `info["shapes"]` (per input: a list of dims for a tensor, None for anything else),
-`info["dtypes"]`, `info["times"]` (ts, dur, self_us). If the observer is missing or fails,
+`info["dtypes"]`, `info["strides"]` (the execution trace's, per input), `info["times"]` (ts, dur, self_us). If the observer is missing or fails,
 shapes come from the profiler's "Input Dims", deps are left empty and `info["notes"]` says so.
 The observer slows every op while it is timed; `separate_timing=True` takes times from one more,
 observer-free call instead (see capture()).
@@ -158,6 +158,17 @@ def _et_inputs(node: dict):
     return shapes, dtypes, ids, scalars
 
 
+def _et_strides(node: dict) -> list:
+    """Each input's strides (a list of ints for a tensor, None for anything else): whether a
+    copy transposes, gathers rows or broadcasts is in them (price.copy_layout)."""
+    ins = node.get("inputs", {})
+    out = []
+    for s, t in zip(ins.get("strides", ()), ins.get("types", ())):
+        ok = t.startswith("Tensor(") and isinstance(s, list) and all(isinstance(x, int) for x in s)
+        out.append([int(x) for x in s] if ok else None)
+    return out
+
+
 def _et_outputs(node: dict) -> list[int]:
     outs = node.get("outputs", {})
     return [int(v[0]) for v, t in zip(outs.get("values", ()), outs.get("types", ()))
@@ -205,7 +216,7 @@ def _build(trace: dict, et_nodes: dict[int, dict] | None, timing: dict | None,
             timed, self_us, times_source = t_events, t_self, "timing run"
         else:
             notes.append("the timing run ran other ops than the execution-trace run: times from the latter")
-    shapes, dtypes, scalars, times, in_ids, out_ids = {}, {}, {}, {}, {}, {}
+    shapes, dtypes, scalars, strides, times, in_ids, out_ids = {}, {}, {}, {}, {}, {}, {}
     op_of_rf = {e["args"]["Record function id"]: i for i, e in enumerate(events)
                 if e.get("args", {}).get("Record function id") is not None}
     rf_of_node = {n["id"]: rf for rf, n in (et_nodes or {}).items()}
@@ -215,6 +226,7 @@ def _build(trace: dict, et_nodes: dict[int, dict] | None, timing: dict | None,
         node = (et_nodes or {}).get(args.get("Record function id"))
         if node is not None and node.get("name") == e["name"]:
             shapes[i], dtypes[i], in_ids[i], scalars[i] = _et_inputs(node)
+            strides[i] = _et_strides(node)
             out_ids[i] = _et_outputs(node)
             # Cross-check the interval nesting against the observer's own call tree (ctrl_deps).
             mismatches += op_of_rf.get(rf_of_node.get(node.get("ctrl_deps"))) != parent[i]
@@ -231,7 +243,8 @@ def _build(trace: dict, et_nodes: dict[int, dict] | None, timing: dict | None,
               [Kernel(e["name"], round(times[i]["self_us"], 3), launch="inline")])
            for i, e in enumerate(events)]
     used_et = bool(in_ids)
-    info = {"shapes": shapes, "dtypes": dtypes, "scalars": scalars, "times": times, "times_source": times_source,
+    info = {"shapes": shapes, "dtypes": dtypes, "scalars": scalars, "strides": strides, "times": times,
+            "times_source": times_source,
             "source": "execution_trace" if used_et else "profiler",
             "deps_source": "execution_trace tensor ids" if used_et else "none",
             "et_matched": len(in_ids), "et_parent_mismatches": mismatches if used_et else None}

@@ -6,13 +6,13 @@ attention (see gpt2_run.build_gpt2), checked op by op against torch.profiler on 
 
   aten::layer_norm (ln_1, ln_2)              -> layernorm (B*S, E)
   aten::addmm (Conv1D: bias + x @ W[in,out]) -> mm m=B*S k=in n=out
-      its aten::copy_ (CPU addmm first broadcasts the bias into the output) -> copy (B*S, out)
-  aten::matmul(q, k^T) -> [clone q, clone k^T when B>1 and H>1] + aten::bmm -> copy + bmm
+      its aten::copy_ (CPU addmm first broadcasts the bias into the output) -> copy_bcast (B*S, out)
+  aten::matmul(q, k^T) -> [clone q, clone k^T when B>1 and H>1] + aten::bmm -> copy_rows, copy + bmm
   aten::mul (attn_weights * scaling, its own kernel)           -> mul (B*H*S, S)
   aten::add (+ the float causal mask, broadcast over heads)     -> add (B*H*S, S)
   aten::softmax                                                 -> softmax (B*H*S, S)
-  aten::matmul(p, v)   -> [clone v when B>1 and H>1] + aten::bmm -> copy + bmm
-  transpose(1, 2).reshape -> aten::clone when H>1 and S>1       -> copy (B*S, E)
+  aten::matmul(p, v)   -> [clone v when B>1 and H>1] + aten::bmm -> copy_rows + bmm
+  transpose(1, 2).reshape -> aten::clone when H>1 and S>1       -> copy_rows (B*S*H, D)
   aten::gelu (approximate="tanh"), two residual aten::add       -> gelu (B*S, 4E), add (B*S, E)
 Not listed because they launch no kernel: .contiguous() after the reshape copy, the
 `.type(value.dtype)` after softmax and aten::dropout in eval mode (both return their input).
@@ -99,7 +99,7 @@ def gpt2_ops(spec: GPT2Spec, batch: int, seq: int, *, bias_copy: bool = True) ->
     def conv1d(name: str, k_in: int, n_out: int) -> list[Op]:
         ops: list[Op] = [GemmOp(name, "mm", m=t, n=n_out, k=k_in, count=n)]
         if bias_copy:
-            ops.append(UtilityOp(f"{name}.bias", "copy", rows=t, cols=n_out, count=n))
+            ops.append(UtilityOp(f"{name}.bias", "copy_bcast", rows=t, cols=n_out, count=n))
         return ops
 
     ops: list[Op] = [
@@ -111,7 +111,9 @@ def gpt2_ops(spec: GPT2Spec, batch: int, seq: int, *, bias_copy: bool = True) ->
         *conv1d("attn.c_attn", e, 3 * e),
     ]
     if heads_copy:
-        ops.append(UtilityOp("attn.qk_copy", "copy", rows=bh_rows, cols=d, count=2 * n))
+        # q is permuted whole rows of head_dim; k^T transposes each head (price.copy_layout)
+        ops.append(UtilityOp("attn.q_copy", "copy_rows", rows=bh_rows, cols=d, count=n))
+        ops.append(UtilityOp("attn.kt_copy", "copy", rows=bh_rows, cols=d, count=n))
     ops += [
         GemmOp("attn.qk", "bmm", m=seq, n=seq, k=d, batch=batch * h, count=n),
         UtilityOp("attn.scale", "mul", rows=bh_rows, cols=seq, count=n),
@@ -119,10 +121,10 @@ def gpt2_ops(spec: GPT2Spec, batch: int, seq: int, *, bias_copy: bool = True) ->
         UtilityOp("attn.softmax", "softmax", rows=bh_rows, cols=seq, count=n),
     ]
     if heads_copy:
-        ops.append(UtilityOp("attn.v_copy", "copy", rows=bh_rows, cols=d, count=n))
+        ops.append(UtilityOp("attn.v_copy", "copy_rows", rows=bh_rows, cols=d, count=n))
     ops.append(GemmOp("attn.pv", "bmm", m=seq, n=d, k=seq, batch=batch * h, count=n))
     if h > 1 and seq > 1:  # (B, H, S, D) -> (B, S, H*D) cannot be a view
-        ops.append(UtilityOp("attn.merge_heads", "copy", rows=t, cols=e, count=n))
+        ops.append(UtilityOp("attn.merge_heads", "copy_rows", rows=t * h, cols=d, count=n))
     ops += [
         *conv1d("attn.c_proj", e, e),
         UtilityOp("resid_attn", "add", rows=t, cols=e, count=n),

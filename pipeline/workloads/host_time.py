@@ -33,7 +33,7 @@ def cpu_overheads(graph: ExecutionGraph, info: dict, extra: ExtraOps | None = No
                   profiler_overhead_us: float = 0.0) -> pd.DataFrame:
     """Rows (op, type, us, prev_us) for a CPU capture (capture.py's graph and info); prev_us
     on T1 rows only."""
-    classes = classify_graph(graph, info["shapes"], info.get("scalars"), extra)
+    classes = classify_graph(graph, info["shapes"], info.get("scalars"), extra, info.get("strides"))
     times = info["times"]
     rows, prev = [], None
     for op in graph.top_level():

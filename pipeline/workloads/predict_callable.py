@@ -66,7 +66,7 @@ def predict_module(fn_or_module, inputs, gemm_model, utility_model, overheads: O
                               separate_timing=separate_timing)
     priced, coverage = price_graph(graph, info["shapes"], gemm_model, utility_model, dtype,
                                    keep_unmapped=keep_unmapped, scalars=info.get("scalars"), extra=extra,
-                                   synchronous=synchronous)
+                                   synchronous=synchronous, strides=info.get("strides"))
     e2e = critical_path(priced, overheads if overheads is not None else NO_OVERHEADS, synchronous=synchronous)
     per_op = pd.DataFrame(coverage["ops"])
     per_op.insert(2, "parent", [graph.op(i).parent for i in per_op["id"]])

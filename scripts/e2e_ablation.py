@@ -12,11 +12,14 @@ Variants, each adding one fix of issue 14 to the one before:
   +cold_weights    mm / linear priced with their weights read from memory for the share of a
                    graph's GEMM weights the measured weight cache cannot hold
   +batch           bmm charged the batch grid's per-kernel correction by batch, side and K
+  +copy_layout     copies priced by their captured strides (transposing, row gather, broadcast)
+                   rather than all as transposing copies
 Prints the GEMM held-out error per (op, dtype), each run's e2e_shared error and Table V.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 
@@ -47,6 +50,16 @@ def _no_batch(g: pd.DataFrame) -> pd.DataFrame:
     return g[g["grid"].astype(str) != "batch"]
 
 
+def _no_strides(graphs: pd.DataFrame) -> pd.DataFrame:
+    """The captures as if taken before strides were recorded: every copy a transposing one."""
+    def strip(text: str) -> str:
+        d = json.loads(text)
+        d.pop("strides", None)
+        return json.dumps(d)
+
+    return graphs.assign(graph_json=graphs["graph_json"].map(strip))
+
+
 def _no_faults(g: pd.DataFrame) -> pd.DataFrame:
     return g.drop(columns=[c for c in ("faults_per_call", "fault_us_per_page") if c in g])
 
@@ -55,7 +68,8 @@ VARIANTS = {"before": (lambda g: _no_faults(_no_twins(hot_rows(_no_batch(g)))), 
             "+unaligned": (lambda g: _no_faults(hot_rows(_no_batch(g))), _hot),
             "+cold": (lambda g: _no_faults(hot_rows(_no_batch(g))), lambda e: e),
             "+faults": (lambda g: hot_rows(_no_batch(g)), lambda e: e),
-            "+cold_weights": (_no_batch, lambda e: e), "+batch": (lambda g: g, lambda e: e)}
+            "+cold_weights": (_no_batch, lambda e: e), "+batch": (lambda g: g, lambda e: e),
+            "+copy_layout": (lambda g: g, lambda e: e)}
 
 
 def main() -> None:
@@ -78,7 +92,8 @@ def main() -> None:
         print(f"\n== {name}: GEMM held-out |error| per (op, dtype)")
         print(err.round(3).to_string(index=False))
         models = {"gemm_model": gemm_model, "embedding_model": emb_model, **others}
-        pred = predict_runs(runs, graphs, samples, models, synchronous=True)
+        pred = predict_runs(runs, graphs if name == "+copy_layout" else _no_strides(graphs), samples, models,
+                            synchronous=True)
         shared = pred[pred["predictor"] == "e2e_shared"]
         print(shared[["workload", "config", "batch", "predicted_ms", "measured_ms", "rel_err"]]
               .round(3).to_string(index=False))

@@ -24,6 +24,8 @@ def test_a_copy_is_told_by_its_source_and_destination_strides():
     # repeat_kv's expand: a middle dim broadcast, each (S, D) block contiguous
     assert copy_layout("aten::clone", [[1, 3, 3, 128, 64], None], [[24576, 8192, 0, 64, 1], None]) \
         == ("copy_bcast", (9, 8192))
+    # a column broadcast ((n, 1) expanded to (n, m)): each row a fill, not a transpose
+    assert copy_layout("aten::clone", [[16, 32]], [[1, 0]]) == ("copy_bcast", (16, 32))
     # a contiguous clone is one run; size-1 dims never break it
     assert copy_layout("aten::clone", [[1, 4, 16]], [[999, 16, 1]]) == ("copy_rows", (1, 64))
     # written into a strided destination (a transposed view): a transposing copy

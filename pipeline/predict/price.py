@@ -135,8 +135,10 @@ def copy_layout(name: str, shapes: list, strides: list | None) -> tuple[str, tup
     if numel == 0:
         return None
     runs = [_contiguous_run(sh, t) for sh, t in tensors]
-    inner = [d for d in shape if d != 1][-1:] or [1]
-    if min(runs) == 1 and inner[0] > 1:
+    inner = [(d, t) for d, t in zip(shape, st) if d != 1][-1:] or [(1, 1)]
+    if inner[0][1] == 0:  # the innermost dim itself broadcast ((n, 1) expanded to (n, m)): a fill per row
+        return "copy_bcast", (numel // inner[0][0], inner[0][0])
+    if min(runs) == 1 and inner[0][0] > 1:
         return "copy", utility_dims(name, shapes)
     cols = min(runs)
     broadcast = any(d != 1 and t == 0 for d, t in zip(shape, st))

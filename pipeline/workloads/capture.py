@@ -136,11 +136,13 @@ def _dtype(s: str) -> str | None:
 
 
 def _et_inputs(node: dict):
-    """(shapes, dtypes, tensor ids, scalars) of an execution-trace node's inputs.
+    """(shapes, dtypes, tensor ids, scalars, strides) of an execution-trace node's inputs.
 
     A tensor's shape is a list of ints; a tensor list's (cat, stack) a list of such shapes,
     its dtype the first element's. `scalars` keeps Int/Double/Bool argument values (None
     elsewhere): index_select's dim and embedding_bag_backward's num_weights live only there.
+    `strides` holds a tensor's strides (None elsewhere): whether a copy transposes, gathers
+    rows or broadcasts is in them (price.copy_layout).
     """
     ins = node.get("inputs", {})
     shapes, dtypes, ids, scalars = [], [], [], []
@@ -155,18 +157,10 @@ def _et_inputs(node: dict):
             dtypes.append(_dtype(t) if tensor else None)
         ids.append(int(v[0]) if tensor and isinstance(v, list) and v else None)
         scalars.append(v if t in ("Int", "Double", "Bool") and isinstance(v, (int, float)) else None)
-    return shapes, dtypes, ids, scalars
-
-
-def _et_strides(node: dict) -> list:
-    """Each input's strides (a list of ints for a tensor, None for anything else): whether a
-    copy transposes, gathers rows or broadcasts is in them (price.copy_layout)."""
-    ins = node.get("inputs", {})
-    out = []
-    for s, t in zip(ins.get("strides", ()), ins.get("types", ())):
-        ok = t.startswith("Tensor(") and isinstance(s, list) and all(isinstance(x, int) for x in s)
-        out.append([int(x) for x in s] if ok else None)
-    return out
+    strides = [[int(x) for x in st] if t.startswith("Tensor(") and isinstance(st, list)
+               and all(isinstance(x, int) for x in st) else None
+               for st, t in zip(ins.get("strides", ()), ins.get("types", ()))]
+    return shapes, dtypes, ids, scalars, strides
 
 
 def _et_outputs(node: dict) -> list[int]:
@@ -225,8 +219,7 @@ def _build(trace: dict, et_nodes: dict[int, dict] | None, timing: dict | None,
         args = e.get("args", {})
         node = (et_nodes or {}).get(args.get("Record function id"))
         if node is not None and node.get("name") == e["name"]:
-            shapes[i], dtypes[i], in_ids[i], scalars[i] = _et_inputs(node)
-            strides[i] = _et_strides(node)
+            shapes[i], dtypes[i], in_ids[i], scalars[i], strides[i] = _et_inputs(node)
             out_ids[i] = _et_outputs(node)
             # Cross-check the interval nesting against the observer's own call tree (ctrl_deps).
             mismatches += op_of_rf.get(rf_of_node.get(node.get("ctrl_deps"))) != parent[i]

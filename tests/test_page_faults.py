@@ -93,3 +93,16 @@ def test_the_kept_output_twin_computes_what_the_sweep_timed(op):
                           gemm_callable(op, "float32", 2, 8, 16, 4, "cpu")(), atol=1e-5)
     p = GemmPoint(op, "float32", 1, 1024, 1024, 64, False)  # 4 MB: 1024 pages
     assert output_faulted(1024.0, p) and not output_faulted(10.0, p) and not output_faulted(None, p)
+
+
+def test_a_cpu_linear_is_timed_bias_free_as_its_captured_gemm_runs():
+    """CPU addmm broadcasts a bias in its own aten::copy_, priced apart (copy_bcast): the linear
+    table holds the bare x @ W^T, fresh and kept alike (rotated twins: test_cold_weights.py)."""
+    from pipeline.sweeps.gemm import gemm_callable, linear_has_bias
+
+    torch.manual_seed(0)
+    a, w = torch.randn(8, 4), torch.randn(16, 4)
+    for kept in (False, True):
+        assert torch.allclose(gemm_callable("linear", "float32", 1, 8, 16, 4, "cpu", kept_output=kept)(), a @ w.t(),
+                              atol=1e-5)
+    assert not linear_has_bias("cpu") and linear_has_bias("cuda") and linear_has_bias("cuda:1")

@@ -57,7 +57,8 @@ class WeightPool:
 
 
 def rotating_gemm(op: str, dtype: str, m: int, n: int, k: int, pool: WeightPool, nbytes: int | None = None):
-    """A callable running `op` (mm: A @ B, linear: x @ W^T + b) with the next weight copy on each call."""
+    """A callable running `op` (mm: A @ B, linear: x @ W^T, bias-free as the CPU's linear table is:
+    sweeps/gemm.py `linear_has_bias`) with the next weight copy on each call."""
     import torch
 
     from pipeline.harness.dtypes import torch_dtype
@@ -70,9 +71,8 @@ def rotating_gemm(op: str, dtype: str, m: int, n: int, k: int, pool: WeightPool,
     if op == "mm":
         cycle = itertools.cycle(pool.weights(dtype, (k, n), nbytes))
         return lambda: torch.mm(a, next(cycle))
-    bias = torch.randn(n, **kw)
     cycle = itertools.cycle(pool.weights(dtype, (n, k), nbytes))
-    return lambda: torch.nn.functional.linear(a, next(cycle), bias)
+    return lambda: torch.nn.functional.linear(a, next(cycle))
 
 
 def probe_sizes(reported_llc: int, memory_bytes: int | None = None) -> list[int]:

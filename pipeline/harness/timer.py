@@ -115,6 +115,9 @@ class Measurement:
         }
 
 
+FLUSH_L2_FACTOR = 2  # a flush writes this many times the L2 size
+
+
 class _L2Flusher:
     """Overwrites a buffer twice the L2 size so each repetition starts with a cold cache.
     On a CPU the pass reads and writes (add_): a large zero-fill may use streaming stores,
@@ -123,7 +126,7 @@ class _L2Flusher:
     def __init__(self, l2_bytes: int, device: str):
         import torch
 
-        n = max(int(2 * l2_bytes) // 4, 1)
+        n = max(int(FLUSH_L2_FACTOR * l2_bytes) // 4, 1)
         self.cpu = not device.startswith("cuda")
         self.buf = (torch.ones if self.cpu else torch.empty)(n, dtype=torch.float32, device=device)
 

@@ -16,6 +16,7 @@ import numpy as np
 
 from pipeline.core.dtypes import check_dtype, element_bytes
 from pipeline.core.errors import BadShapeError, MissingModelError
+from pipeline.predict.cache_cold import ColdPenalty
 from pipeline.predict.fitting import nnls_relative
 from pipeline.predict.serialize import OP_DTYPE, keyed, records
 from pipeline.predict.traffic import utility_traffic
@@ -65,8 +66,9 @@ def fit_regimes(X: np.ndarray, y: np.ndarray, values: dict[str, np.ndarray]) -> 
 class UtilityModel:
     name = "utility_model"
 
-    def __init__(self, regimes: dict[tuple[str, str], dict]):
+    def __init__(self, regimes: dict[tuple[str, str], dict], cold: ColdPenalty | None = None):
         self.regimes = regimes
+        self.cold = cold  # CPU: the extra an op pays after a large one evicted L2 (cache_cold.py)
 
     @staticmethod
     def fit(samples) -> "UtilityModel":
@@ -77,7 +79,7 @@ class UtilityModel:
             rows, cols = g["rows"].to_numpy(), g["cols"].to_numpy()
             X = features(op, dtype, rows, cols)
             regimes[(op, dtype)] = fit_regimes(X, g["median_us"].to_numpy(float), _split_values(rows, cols))
-        return UtilityModel(regimes)
+        return UtilityModel(regimes, ColdPenalty.fit(samples))
 
     def predict(self, op: str, dtype: str, rows, cols) -> np.ndarray:
         check_dtype(dtype)
@@ -102,7 +104,10 @@ class UtilityModel:
     def to_dict(self) -> dict:
         regimes = {key: {"split": r["split"], "coefs": [c.tolist() for c in r["coefs"]]}
                    for key, r in self.regimes.items()}
-        return {"kind": "utility_model", "features": FEATURES, "regimes": records(regimes, OP_DTYPE)}
+        d = {"kind": "utility_model", "features": FEATURES, "regimes": records(regimes, OP_DTYPE)}
+        if self.cold is not None:  # a model without cold twins saves as it always did
+            d["cold"] = self.cold.to_dict()
+        return d
 
     @classmethod
     def from_dict(cls, d: dict) -> "UtilityModel":
@@ -110,4 +115,5 @@ class UtilityModel:
             return cls({key: {"split": None, "coefs": [np.array(e["coef"], float)]}
                         for key, e in keyed(d["coefs"], OP_DTYPE).items()})
         return cls({key: {"split": e["split"], "coefs": [np.array(c, float) for c in e["coefs"]]}
-                    for key, e in keyed(d["regimes"], OP_DTYPE).items()})
+                    for key, e in keyed(d["regimes"], OP_DTYPE).items()},
+                   ColdPenalty.from_dict(d["cold"]) if d.get("cold") else None)

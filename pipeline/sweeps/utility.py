@@ -1,6 +1,8 @@
 """utility_samples: memory-bound ops over a (rows, cols) grid plus random held-out shapes."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from pipeline.device.discover import DeviceIdentity
@@ -9,7 +11,7 @@ from pipeline.harness.dtypes import torch_dtype
 from pipeline.harness.order import interleaved
 from pipeline.harness.progress import Progress
 from pipeline.harness.stalls import remeasure_stalled
-from pipeline.harness.timer import measure
+from pipeline.harness.timer import FLUSH_L2_FACTOR, measure, release_flusher
 from pipeline.predict.traffic import utility_traffic
 from pipeline.sweeps.profiles import Profile
 from pipeline.core.ops import UTILITY_OPS
@@ -71,6 +73,28 @@ def _utility_callable(op: str, dtype: str, rows: int, cols: int, device: str):
     return table[op]
 
 
+# Twins up to this many flushes of footprint: a larger op streams past L2 hot or cold alike.
+COLD_TWIN_MAX_FLUSHES = 4
+COLD_TWIN_REPS = 25
+
+
+def cold_twin(fn, nbytes: float, dev: DeviceIdentity, profile: Profile) -> dict:
+    """CPU: the row's op timed again with L2 evicted before each call (`cold_us`), as it runs
+    right after a large op inside a model (predict/cache_cold.py), and the flush's size
+    (`evict_bytes`); {} on a GPU, without an L2 size, where the sweep already times cold, or
+    for an op too large for eviction to matter."""
+    spec = profile.utility_timing
+    if dev.kind != "cpu" or not dev.l2_bytes or spec.flush_l2:
+        return {}
+    evict = FLUSH_L2_FACTOR * dev.l2_bytes
+    if nbytes > COLD_TWIN_MAX_FLUSHES * evict:
+        return {}
+    # one call per flush, so a few dozen calls suffice (each pays a 2 x L2 flush the clock skips)
+    cold = measure(fn, replace(spec, flush_l2=True, min_block_s=0.0, max_reps=min(spec.max_reps, COLD_TWIN_REPS)),
+                   dev.torch_device, dev.l2_bytes)
+    return {"cold_us": cold.median_us, "evict_bytes": float(evict)}
+
+
 def sweep_utility(dev: DeviceIdentity, profile: Profile, log=None) -> list[dict]:
     shapes = [(s, False) for s in grid_shapes(profile)] + [(s, True) for s in heldout_shapes(profile)]
     todo = [(dt, op, s, h) for dt in dtypes_for(dev.kind) if dt != "tf32" for op in UTILITY_OPS for s, h in shapes]
@@ -84,10 +108,11 @@ def sweep_utility(dev: DeviceIdentity, profile: Profile, log=None) -> list[dict]
         rows_out[i] = {
             "op": op, "dtype": dtype, "rows": rows, "cols": cols, "shape": f"{rows}x{cols}",
             "bytes_read": float(br), "bytes_written": float(bw), "flops": float(fl), "held_out": held,
-            **meas.row(profile.utility_timing.cv_threshold),
+            **meas.row(profile.utility_timing.cv_threshold), **cold_twin(fn, br + bw, dev, profile),
         }
         prog.step(f"{op} {dtype} {rows}x{cols}")
     makers = [lambda a=(op, dtype, r, c): _utility_callable(*a, dev.torch_device) for dtype, op, (r, c), _ in todo]
     remeasure_stalled(rows_out, makers, profile.utility_timing, dev.torch_device, dev.l2_bytes or 0, prog.log,
                       profile.stall_wait_s)
+    release_flusher()  # the cold twins' flush buffer
     return rows_out

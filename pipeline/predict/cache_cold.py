@@ -1,0 +1,71 @@
+"""What a memory-bound op costs on a CPU right after a large op has evicted L2 (no torch).
+
+The CPU utility sweep times each op hot: back to back, its inputs left in L1/L2 by the call
+before. Inside a model an op mostly follows one that moved megabytes (a GEMM's weights, a
+wide activation) and finds its inputs, and the dispatcher's own data, gone from L2. On the
+Xeon VM a 128 x 576 float32 add ran 5 us hot, 18-20 us right after a 128 x 576 x 1536 linear
+or an 8 MB fill, and 39 us after a 64 MB fill; a silu 14 us hot, 19-22 us after either.
+
+The sweep times a twin of each row whose footprint is within a few flushes after evicting L2
+(`cold_us`: the harness's flush, twice the L2 size, written between calls). ColdPenalty keeps
+the median extra per (op, dtype) and size class of the op's footprint; the graph pricer adds
+it to an op whose predecessor's footprint passes the flush (price.py). One level only: an
+op after a GEMM streaming hundreds of MB finds its data further still (the 64 MB case), which
+this does not price.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from pipeline.predict.serialize import DataclassJSON
+
+MIN_ROWS = 3  # an (op, dtype) with fewer cold twins is priced by every op's twins pooled
+
+
+def footprint(rows: pd.DataFrame) -> np.ndarray:
+    """Bytes an op touches: read plus written (the sweep's traffic columns)."""
+    return rows["bytes_read"].to_numpy(float) + rows["bytes_written"].to_numpy(float)
+
+
+def has_twins(rows: pd.DataFrame) -> bool:
+    return {"cold_us", "evict_bytes"} <= set(rows) and bool(np.isfinite(rows["cold_us"].to_numpy(float)).any())
+
+
+def _classes(nbytes: np.ndarray, extra: np.ndarray) -> tuple[list, list]:
+    per = pd.Series(extra).groupby(np.floor(np.log2(np.maximum(nbytes, 1.0)))).median().sort_index()
+    return per.index.tolist(), per.tolist()
+
+
+@dataclass
+class ColdPenalty(DataclassJSON):
+    evict_bytes: float  # the flush the twins ran after: a predecessor touching this much evicts L2
+    # "op/dtype" (and "*" for all pooled) -> [log2 footprint classes ascending, median extra us]
+    classes: dict = field(default_factory=dict)
+
+    @staticmethod
+    def fit(rows: pd.DataFrame) -> "ColdPenalty | None":
+        """From utility_samples rows (training rows) with cold twins; None without any."""
+        if not has_twins(rows):
+            return None
+        rows = rows[np.isfinite(rows["cold_us"].to_numpy(float))]
+        extra = np.maximum(rows["cold_us"].to_numpy(float) - rows["median_us"].to_numpy(float), 0.0)
+        nbytes = footprint(rows)
+        classes = {"*": _classes(nbytes, extra)}
+        for (op, dtype), idx in rows.groupby(["op", "dtype"]).indices.items():
+            if len(idx) >= MIN_ROWS:
+                classes[f"{op}/{dtype}"] = _classes(nbytes[idx], extra[idx])
+        return ColdPenalty(float(rows["evict_bytes"].median()), classes)
+
+    def extra_us(self, op: str, dtype: str, nbytes) -> np.ndarray:
+        """Microseconds an op of `nbytes` footprint pays beyond its hot time after an eviction:
+        linear in log2 bytes between the measured classes, held beyond them."""
+        log2s, extra = self.classes.get(f"{op}/{dtype}", self.classes["*"])
+        x = np.log2(np.maximum(np.asarray(nbytes, float), 1.0))
+        return np.interp(x, np.asarray(log2s, float) + 0.5, np.asarray(extra, float))
+
+    def evicts(self, nbytes: float) -> bool:
+        """Whether an op touching `nbytes` leaves the next op's data out of L2."""
+        return nbytes >= self.evict_bytes

@@ -162,3 +162,27 @@ def test_heldout_shapes_stay_in_range_and_off_the_grid():
     assert all(p.heads == HEADS and p.batch in batches(prof) for p in train)
     cuda = get_profile("quick", "cuda")
     assert seqs(cuda)[-1] == 8192
+
+
+def test_the_sweep_times_every_backend_and_dtype_interleaved(monkeypatch):
+    """A slow spell must land on a few points of every (backend, dtype), not on one group's
+    grid: the timing order mixes the groups, while the rows keep the list order."""
+    import pipeline.sweeps.attention as A
+    from pipeline.device.discover import identify_cpu
+    from pipeline.sweeps.profiles import get_profile
+
+    order = []
+    real = A._measure
+
+    def recording(backend, fn, dev, profile):
+        meas = real(backend, fn, dev, profile)
+        if meas is not None:
+            order.append(backend)
+        return meas
+
+    monkeypatch.setattr(A, "_measure", recording)
+    rows = A.sweep_attention(identify_cpu(), get_profile("tiny"), log=lambda *a: None)
+    switches = sum(a != b for a, b in zip(order, order[1:]))
+    assert len(set(order)) == 2 and switches > len(order) // 4
+    backends = [r["backend"] for r in rows if r["grid"] != "scan"]
+    assert backends == sorted(backends, key=["flash", "math"].index)  # written grouped, as listed

@@ -57,3 +57,27 @@ def test_disturbed_rows_are_remeasured_and_merely_noisy_ones_left():
     assert got == 1 and rows[0]["remeasured"] and rows[0]["cv"] < 0.5
     assert rows[1] == {"median_us": 900.0, "cv": 0.15, "stalled": False, "noisy": True}
     assert "remeasured" not in rows[2]  # measured again, no steadier: kept
+
+
+def test_a_row_is_remeasured_inside_the_context_it_was_timed_in():
+    """An attention row is timed with one SDPA backend enabled: its re-measure enters the same
+    context (`within`), once per row, outside the timed calls."""
+    from contextlib import contextmanager
+
+    from pipeline.harness.stalls import remeasure_stalled
+
+    state, entered = {"in": None}, []
+
+    @contextmanager
+    def only(i):
+        entered.append(i)
+        state["in"] = i
+        yield
+        state["in"] = None
+
+    seen = []
+    rows = [{"median_us": 1.0, "cv": 0.0, "stalled": True}, {"median_us": 1.0, "cv": 0.0, "stalled": False}]
+    makers = [lambda: (lambda: seen.append(state["in"])), lambda: (lambda: seen.append(state["in"]))]
+    remeasure_stalled(rows, makers, TimingSpec.fixed(1, 3), "cpu", others=lambda: 0, timeout_s=5,
+                      log=lambda m: None, within=only)
+    assert entered == [0] and seen and set(seen) == {0}

@@ -14,7 +14,8 @@ VM a 4 s test run beside a `make run` put flash float32's whole seq grid at a me
 from __future__ import annotations
 
 import time
-from typing import Callable
+from contextlib import nullcontext
+from typing import Callable, ContextManager
 
 from pipeline.harness.timer import TimingSpec, measure
 
@@ -54,10 +55,13 @@ def wait_until_quiet(timeout_s: float, samples: int = 5, every_s: float = 0.2,
 
 def remeasure_stalled(rows: list[dict], makers: list[Callable[[], Callable[[], object]]], spec: TimingSpec,
                       device: str, l2_bytes: int = 0, log=None, timeout_s: float = 60.0,
-                      others: Callable[[], int] = runnable_others) -> int:
+                      others: Callable[[], int] = runnable_others,
+                      within: Callable[[int], ContextManager] | None = None) -> int:
     """Re-measure, in place, the rows flagged stalled or disturbed (makers[i] builds row i's
-    call); returns how many were replaced: a stalled row by any timing that did not stall, a
-    disturbed one by a steadier one. CPU only: a GPU's kernel time does not depend on the host's load."""
+    call; `within(i)`, if given, the context row i was timed in, entered outside the timed
+    calls: an SDPA backend); returns how many were replaced: a stalled row by any timing that
+    did not stall, a disturbed one by a steadier one. CPU only: a GPU's kernel time does not
+    depend on the host's load."""
     if device.startswith("cuda"):
         return 0
     todo = [i for i, r in enumerate(rows) if disturbed(r, spec.cv_threshold)]
@@ -70,7 +74,8 @@ def remeasure_stalled(rows: list[dict], makers: list[Callable[[], Callable[[], o
         return 0
     replaced = 0
     for i in todo:
-        meas = measure(makers[i](), spec, device, l2_bytes)
+        with (within(i) if within else nullcontext()):
+            meas = measure(makers[i](), spec, device, l2_bytes)
         if not meas.stalled and (rows[i].get("stalled") or meas.cv < rows[i]["cv"]):
             rows[i].update(meas.row(spec.cv_threshold), remeasured=True)
             replaced += 1

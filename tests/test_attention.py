@@ -167,6 +167,8 @@ def test_heldout_shapes_stay_in_range_and_off_the_grid():
 def test_the_sweep_times_every_backend_and_dtype_interleaved(monkeypatch):
     """A slow spell must land on a few points of every (backend, dtype), not on one group's
     grid: the timing order mixes the groups, while the rows keep the list order."""
+    from dataclasses import replace
+
     import pipeline.sweeps.attention as A
     from pipeline.device.discover import identify_cpu
     from pipeline.sweeps.profiles import get_profile
@@ -181,8 +183,16 @@ def test_the_sweep_times_every_backend_and_dtype_interleaved(monkeypatch):
         return meas
 
     monkeypatch.setattr(A, "_measure", recording)
-    rows = A.sweep_attention(identify_cpu(), get_profile("tiny"), log=lambda *a: None)
+    monkeypatch.setattr(A, "SCAN_SEQS", range(16, 24))  # a short kv scan, so the scan phase runs too
+    profile = replace(get_profile("tiny"), attention_seq_scan=True)
+    rows = A.sweep_attention(identify_cpu(), profile, log=lambda *a: None)
+    n_scan = sum(r["grid"] == A.SCAN_GRID for r in rows)
     switches = sum(a != b for a, b in zip(order, order[1:]))
     assert len(set(order)) == 2 and switches > len(order) // 4
-    backends = [r["backend"] for r in rows if r["grid"] != "scan"]
+    scans = [r for r in rows[:n_scan]]  # the scans come first, each group's in ascending seq
+    assert n_scan and all(r["grid"] == A.SCAN_GRID for r in scans)
+    for key in {(r["backend"], r["dtype"]) for r in scans}:
+        seqs = [r["seq_kv"] for r in scans if (r["backend"], r["dtype"]) == key]
+        assert seqs == sorted(seqs) == list(range(16, 24))
+    backends = [r["backend"] for r in rows[n_scan:]]
     assert backends == sorted(backends, key=["flash", "math"].index)  # written grouped, as listed

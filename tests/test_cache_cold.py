@@ -33,7 +33,7 @@ def _rows(with_twins: bool = True) -> pd.DataFrame:
 def test_the_penalty_is_the_median_extra_of_each_op_by_size():
     cold = ColdPenalty.fit(_rows())
     assert cold.evict_bytes == EVICT
-    assert cold.extra_us("add", "float32", [10, 1e5, 1e9]) == pytest.approx([10.0] * 3)
+    assert cold.extra_us("add", "float32", [10, 1e5]) == pytest.approx([10.0] * 2)
     assert cold.extra_us("relu", "float32", 4096.0) == pytest.approx(2.0)
     # an (op, dtype) without twins of its own takes every op's, pooled
     assert 2.0 <= float(cold.extra_us("gelu", "float32", 4096.0)) <= 10.0
@@ -120,3 +120,18 @@ def test_an_op_nested_in_a_gemm_follows_what_the_gemm_followed():
     by_id = {r["id"]: r for r in cov["ops"]}
     assert by_id[2]["predicted_us"] == pytest.approx(hot) and not by_id[2]["after_evict"]
     assert by_id[3]["predicted_us"] == pytest.approx(hot + 10.0) and by_id[3]["after_evict"]
+
+
+def test_disturbed_twins_are_left_out_and_nothing_is_charged_past_the_largest_twin():
+    import json
+
+    rows = _rows()
+    big = rows["bytes_read"] + rows["bytes_written"] == (rows["bytes_read"] + rows["bytes_written"]).max()
+    rows.loc[rows["op"] == "add", "remeasured"] = False
+    rows.loc[(rows["op"] == "add") & big, ["remeasured", "cold_us"]] = [True, 1e6]  # taken in a disturbance
+    cold = ColdPenalty.fit(rows)
+    assert cold.extra_us("add", "float32", 4096.0) == pytest.approx(10.0)
+    assert float(cold.extra_us("relu", "float32", cold.max_bytes * 2)) == 0.0
+    assert cold.extra_us("relu", "tf32", 4096.0) == pytest.approx(2.0)  # tf32 is float32 storage
+    back = ColdPenalty.from_dict(json.loads(json.dumps(cold.to_dict())))
+    assert back.extra_us("add", "float32", 4096.0) == pytest.approx(10.0) and back.max_bytes == cold.max_bytes

@@ -44,6 +44,7 @@ class ColdPenalty(DataclassJSON):
     evict_bytes: float  # the flush the twins ran after: a predecessor touching this much evicts L2
     # "op/dtype" (and "*" for all pooled) -> [log2 footprint classes ascending, median extra us]
     classes: dict = field(default_factory=dict)
+    max_bytes: float = float("inf")  # the largest twin's footprint: a larger op streams past L2 either way
 
     @staticmethod
     def fit(rows: pd.DataFrame) -> "ColdPenalty | None":
@@ -51,20 +52,32 @@ class ColdPenalty(DataclassJSON):
         if not has_twins(rows):
             return None
         rows = rows[np.isfinite(rows["cold_us"].to_numpy(float))]
+        # a twin is timed right after its row: a row that stalled, or was timed again for its
+        # spread, had its twin taken in the same disturbance, and the hot time it is set against
+        # may be a later, steadier one
+        for flag in ("stalled", "remeasured"):
+            if flag in rows:
+                rows = rows[~rows[flag].fillna(False).astype(bool).to_numpy()]
+        if rows.empty:
+            return None
         extra = np.maximum(rows["cold_us"].to_numpy(float) - rows["median_us"].to_numpy(float), 0.0)
         nbytes = footprint(rows)
         classes = {"*": _classes(nbytes, extra)}
         for (op, dtype), idx in rows.groupby(["op", "dtype"]).indices.items():
             if len(idx) >= MIN_ROWS:
                 classes[f"{op}/{dtype}"] = _classes(nbytes[idx], extra[idx])
-        return ColdPenalty(float(rows["evict_bytes"].median()), classes)
+        return ColdPenalty(float(rows["evict_bytes"].median()), classes, float(nbytes.max()))
 
     def extra_us(self, op: str, dtype: str, nbytes) -> np.ndarray:
         """Microseconds an op of `nbytes` footprint pays beyond its hot time after an eviction:
-        linear in log2 bytes between the measured classes, held beyond them."""
+        linear in log2 bytes between the measured classes, held below them, and 0 past the
+        largest twin (the sweep times none there: such an op streams past L2 hot or cold)."""
+        dtype = "float32" if dtype == "tf32" else dtype  # tf32 is float32 storage
         log2s, extra = self.classes.get(f"{op}/{dtype}", self.classes["*"])
-        x = np.log2(np.maximum(np.asarray(nbytes, float), 1.0))
-        return np.interp(x, np.asarray(log2s, float) + 0.5, np.asarray(extra, float))
+        nbytes = np.asarray(nbytes, float)
+        x = np.log2(np.maximum(nbytes, 1.0))
+        return np.where(nbytes > self.max_bytes, 0.0, np.interp(x, np.asarray(log2s, float) + 0.5,
+                                                               np.asarray(extra, float)))
 
     def evicts(self, nbytes: float) -> bool:
         """Whether an op touching `nbytes` leaves the next op's data out of L2."""

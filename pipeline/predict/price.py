@@ -242,6 +242,7 @@ def price_graph(graph: ExecutionGraph, shapes: dict, gemm_model, utility_model, 
     # The footprint of the work that ran last, for the L2 state an op finds (a synchronous CPU
     # runs ops in program order). An op nested in a priced one runs inside it, before the
     # parent's own work (addmm's bias copy, then its GEMM): it follows what the parent followed.
+    # Only priced ops count: an unmapped one has no footprint the pricer can trust.
     last_bytes, before, foot = 0.0, {}, {}
     for op in graph.ops:
         status, model_op, dims, why = classes[op.id]
@@ -265,7 +266,7 @@ def price_graph(graph: ExecutionGraph, shapes: dict, gemm_model, utility_model, 
             else:
                 before[op.id], foot[op.id] = prev_bytes, _footprint(op.name, model_op, dims, why, shapes.get(op.id),
                                                                     dtype)
-                last_bytes = max(foot[op.id], foot.get(host, 0.0))
+                last_bytes = max([foot[op.id], *(foot.get(a, 0.0) for a in _priced_ancestors(graph, op, classes))])
         if status == "unmapped":
             status = "kept" if keep_unmapped else "dropped"
             new[op.id] = sum(k.time_us for k in op.kernels) if keep_unmapped else 0.0
@@ -286,14 +287,19 @@ def price_graph(graph: ExecutionGraph, shapes: dict, gemm_model, utility_model, 
     return ExecutionGraph(ops), cov
 
 
-def _priced_ancestor(graph: ExecutionGraph, op, classes: dict) -> int | None:
-    """The nearest enclosing op that is priced itself, if any."""
-    parent = op.parent
+def _priced_ancestors(graph: ExecutionGraph, op, classes: dict) -> list[int]:
+    """The enclosing ops that are priced themselves, nearest first."""
+    out, parent = [], op.parent
     while parent is not None:
         if classes[parent][0] == "priced":
-            return parent
+            out.append(parent)
         parent = graph.op(parent).parent
-    return None
+    return out
+
+
+def _priced_ancestor(graph: ExecutionGraph, op, classes: dict) -> int | None:
+    """The nearest enclosing op that is priced itself, if any."""
+    return next(iter(_priced_ancestors(graph, op, classes)), None)
 
 
 def _utility_bytes(model_op: str, dims, dtype: str) -> float:

@@ -11,16 +11,20 @@ The sweep times a twin of each row whose footprint is within a few flushes after
 the median extra per (op, dtype) and size class of the op's footprint; the graph pricer adds
 it to an op whose predecessor's footprint passes the flush (price.py). One level only: an
 op after a GEMM streaming hundreds of MB finds its data further still (the 64 MB case), which
-this does not price.
+this does not price. `PrecedingWork` and `op_bytes` tell the pricer what each op of a captured
+graph follows.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
 
+from pipeline.core.dtypes import element_bytes
 from pipeline.predict.serialize import DataclassJSON
+from pipeline.predict.traffic import utility_traffic
 
 MIN_ROWS = 3  # an (op, dtype) with fewer cold twins is priced by every op's twins pooled
 
@@ -82,3 +86,64 @@ class ColdPenalty(DataclassJSON):
     def evicts(self, nbytes: float) -> bool:
         """Whether an op touching `nbytes` leaves the next op's data out of L2."""
         return nbytes >= self.evict_bytes
+
+
+def utility_bytes(model_op: str, dims, dtype: str) -> float:
+    """Bytes a utility op of (rows, cols) reads and writes."""
+    read, written, _ = utility_traffic(model_op, dims[0], dims[1], element_bytes(dtype))
+    return float(read + written)
+
+
+def op_bytes(kind: str, model_op: str, dims, shapes, dtype: str) -> float:
+    """Bytes a priced op touches, which decides whether the op after it finds L2 evicted: a
+    GEMM's operands and output (kind "gemm", dims (m, n, k, batch)), a utility op's traffic
+    ("utility"), any other op's inputs (`shapes`)."""
+    eb = element_bytes(dtype)
+    if kind == "gemm":
+        m, n, k, batch = (list(dims) + [1])[:4]
+        weight_batch = batch if model_op == "bmm" else 1
+        return float(eb * (batch * m * k + weight_batch * k * n + batch * m * n))
+    if kind == "utility":
+        return utility_bytes(model_op, dims, dtype)
+    return float(eb * _elements(shapes or []))
+
+
+def _elements(shapes) -> int:
+    """Elements of every tensor among an op's inputs (a tensor list's entries each)."""
+    if not isinstance(shapes, (list, tuple)):
+        return 0
+    if all(isinstance(d, int) for d in shapes):
+        return math.prod(shapes)
+    return sum(_elements(s) for s in shapes)
+
+
+class PrecedingWork:
+    """The footprint of the work each op of a graph follows, for the L2 state it finds: a
+    synchronous CPU runs ops in program order. An op nested in a priced one runs inside it,
+    before the parent's own work (addmm's bias copy, then its GEMM): it follows what the parent
+    followed, and the op after the nest finds the largest footprint in it. Only priced ops
+    count (`priced`): an unmapped one has no footprint the pricer can trust."""
+
+    def __init__(self, graph, priced: set[int]):
+        self.graph, self.priced = graph, priced
+        self.last, self.before, self.foot, self.hosts = 0.0, {}, {}, {}
+
+    def _hosts(self, op) -> list[int]:
+        """The enclosing priced ops, nearest first."""
+        if op.id not in self.hosts:
+            out, parent = [], op.parent
+            while parent is not None:
+                if parent in self.priced:
+                    out.append(parent)
+                parent = self.graph.op(parent).parent
+            self.hosts[op.id] = out
+        return self.hosts[op.id]
+
+    def bytes_before(self, op) -> float:
+        hosts = self._hosts(op)
+        return self.before[hosts[0]] if hosts and hosts[0] in self.before else self.last
+
+    def ran(self, op, bytes_before: float, nbytes: float) -> None:
+        """Record a priced op: what it followed and what it touched."""
+        self.before[op.id], self.foot[op.id] = bytes_before, nbytes
+        self.last = max([nbytes, *(self.foot.get(h, 0.0) for h in self._hosts(op))])

@@ -23,7 +23,7 @@ from typing import Protocol
 from pipeline.core.dtypes import element_bytes
 from pipeline.core.errors import MissingModelError
 from pipeline.core.graph import ExecutionGraph
-from pipeline.predict.traffic import utility_traffic
+from pipeline.predict.cache_cold import PrecedingWork, op_bytes, utility_bytes
 
 # aten GEMMs -> devchar GEMM op. addmm is mm plus a bias the CPU copies into the output
 # first (its aten::copy_ child, priced as copy). matmul/linear nest the real GEMM; they
@@ -237,20 +237,15 @@ def price_graph(graph: ExecutionGraph, shapes: dict, gemm_model, utility_model, 
     classes = classify_graph(graph, shapes, scalars, extra, strides)
     cold = uncached_weights(classes, gemm_model, dtype)
     evicted = getattr(utility_model, "cold", None)  # CPU: what an op pays after L2 was evicted
+    preceding = PrecedingWork(graph, {i for i, c in classes.items() if c[0] == "priced"})
     new: dict[int, float] = {}
     records = []
-    # The footprint of the work that ran last, for the L2 state an op finds (a synchronous CPU
-    # runs ops in program order). An op nested in a priced one runs inside it, before the
-    # parent's own work (addmm's bias copy, then its GEMM): it follows what the parent followed.
-    # Only priced ops count: an unmapped one has no footprint the pricer can trust.
-    last_bytes, before, foot = 0.0, {}, {}
     for op in graph.ops:
         status, model_op, dims, why = classes[op.id]
         new[op.id] = 0.0
         after_evict = False
         if status == "priced":
-            host = _priced_ancestor(graph, op, classes)
-            prev_bytes = before[host] if host in before else last_bytes
+            prev_bytes = preceding.bytes_before(op)
             try:
                 if why == "extra":
                     new[op.id] = float(extra.predict(model_op, dims, dtype))
@@ -259,14 +254,13 @@ def price_graph(graph: ExecutionGraph, shapes: dict, gemm_model, utility_model, 
                 else:
                     new[op.id] = float(utility_model.predict(model_op, dtype, *dims))
                     if evicted is not None and evicted.evicts(prev_bytes):
-                        new[op.id] += float(evicted.extra_us(model_op, dtype, _utility_bytes(model_op, dims, dtype)))
+                        new[op.id] += float(evicted.extra_us(model_op, dtype, utility_bytes(model_op, dims, dtype)))
                         after_evict = True
             except MissingModelError:
                 status, why = "unmapped", f"no calibration for {model_op}/{dtype}"
             else:
-                before[op.id], foot[op.id] = prev_bytes, _footprint(op.name, model_op, dims, why, shapes.get(op.id),
-                                                                    dtype)
-                last_bytes = max([foot[op.id], *(foot.get(a, 0.0) for a in _priced_ancestors(graph, op, classes))])
+                kind = "other" if why == "extra" else "gemm" if op.name in GEMM else "utility"
+                preceding.ran(op, prev_bytes, op_bytes(kind, model_op, dims, shapes.get(op.id), dtype))
         if status == "unmapped":
             status = "kept" if keep_unmapped else "dropped"
             new[op.id] = sum(k.time_us for k in op.kernels) if keep_unmapped else 0.0
@@ -285,48 +279,6 @@ def price_graph(graph: ExecutionGraph, shapes: dict, gemm_model, utility_model, 
     cov = _coverage(records)
     cov["weights_uncached_share"] = cold  # None: GEMMs priced hot, as swept
     return ExecutionGraph(ops), cov
-
-
-def _priced_ancestors(graph: ExecutionGraph, op, classes: dict) -> list[int]:
-    """The enclosing ops that are priced themselves, nearest first."""
-    out, parent = [], op.parent
-    while parent is not None:
-        if classes[parent][0] == "priced":
-            out.append(parent)
-        parent = graph.op(parent).parent
-    return out
-
-
-def _priced_ancestor(graph: ExecutionGraph, op, classes: dict) -> int | None:
-    """The nearest enclosing op that is priced itself, if any."""
-    return next(iter(_priced_ancestors(graph, op, classes)), None)
-
-
-def _utility_bytes(model_op: str, dims, dtype: str) -> float:
-    read, written, _ = utility_traffic(model_op, dims[0], dims[1], element_bytes(dtype))
-    return float(read + written)
-
-
-def _footprint(name: str, model_op: str, dims, why: str, shapes, dtype: str) -> float:
-    """Bytes a priced op touches, which decides whether the op after it finds L2 evicted: a
-    GEMM's operands and output, a utility op's traffic, any other op's inputs."""
-    eb = element_bytes(dtype)
-    if why != "extra" and name in GEMM:
-        m, n, k, batch = (list(dims) + [1])[:4]
-        weight_batch = batch if model_op == "bmm" else 1
-        return float(eb * (batch * m * k + weight_batch * k * n + batch * m * n))
-    if why != "extra":
-        return _utility_bytes(model_op, dims, dtype)
-    return float(eb * _elements(shapes or []))
-
-
-def _elements(shapes) -> int:
-    """Elements of every tensor among an op's inputs (a tensor list's entries each)."""
-    if not isinstance(shapes, (list, tuple)):
-        return 0
-    if all(isinstance(d, int) for d in shapes):
-        return _numel(shapes)
-    return sum(_elements(s) for s in shapes)
 
 
 def _price_gemm(gemm_model, model_op: str, dtype: str, dims, cold: float | None, why: str) -> float:

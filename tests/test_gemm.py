@@ -204,6 +204,33 @@ def test_the_cpu_sweep_measures_each_training_shape_once_and_has_an_aspect_grid(
     assert aspect and {p.op for p in aspect} == set(ASPECT_OPS) and all(p.batch == 1 for p in aspect)
 
 
+def test_the_grids_flop_caps_reach_an_lm_heads_k_at_the_largest_outputs(cpu):
+    """The whole-wave and aspect grids take their own FLOP caps (an LM head's 206 MB output at
+    K = 128 was priced from K <= 32 cells); other grids and a profile without them keep max_point_flops."""
+    from dataclasses import replace
+
+    from pipeline.sweeps.gemm import aspect_points, batch_points, training_points
+    from pipeline.sweeps.profiles import get_profile
+
+    quick = get_profile("quick", "cpu")
+    tiles = {(op, dt): (1, 16) for op in ("mm", "bmm", "linear") for dt in ("float32", "bfloat16")}
+    plain = replace(quick, max_wave_flops=None, max_aspect_flops=None)
+
+    def largest_output_ks(pts):
+        top = max(p.batch * p.m * p.n for p in pts)
+        return {p.k for p in pts if p.batch * p.m * p.n == top}
+
+    waves, before = training_points(cpu, quick, tiles), training_points(cpu, plain, tiles)
+    assert max(largest_output_ks(before)) < 128 <= max(largest_output_ks(waves))
+    assert all(2 * p.batch * p.m * p.n * p.k <= quick.max_wave_flops for p in waves)
+    aspect = aspect_points(cpu, quick)
+    assert set(aspect_points(cpu, plain)) < set(aspect)
+    assert max(2 * p.m * p.n * p.k for p in aspect) <= quick.max_aspect_flops
+    assert batch_points(cpu, quick) == batch_points(cpu, plain)
+    gpu = get_profile("quick", "cuda")
+    assert gpu.max_wave_flops is None and gpu.max_aspect_flops is None
+
+
 def test_the_sweep_times_points_interleaved_and_writes_them_in_order(cpu, monkeypatch):
     """A slow spell of a shared machine must not land on one block (the held-out shapes came
     last and read 1.2-1.5x slow on the EPYC VM): points are timed shuffled, rows kept in order."""

@@ -78,7 +78,8 @@ def _wave_points(op: str, dtype: str, w: int, tile_m: int, tile_n: int, slots: i
     m, n = whole_wave_shape(w, tile_m, tile_n, slots, batch=b)
     # The largest outputs (where a CPU allocator's page faults start to show) are
     # measured at small K only, within the profile's FLOP cap per point.
-    ks = [k for k in profile.k_values if 2 * b * m * n * k <= profile.max_point_flops]
+    cap = profile.max_wave_flops or profile.max_point_flops
+    ks = [k for k in profile.k_values if 2 * b * m * n * k <= cap]
     return [GemmPoint(op, dtype, b, m, n, k, False) for k in ks or profile.k_values[:1]]
 
 
@@ -97,9 +98,10 @@ def aspect_points(dev: DeviceIdentity, profile: Profile) -> list[GemmPoint]:
     if dev.kind != "cpu" or not profile.gemm_aspect_k:
         return []
     sides = [4 ** i for i in range(int(math.log(profile.gemm_aspect_max, 4)) + 1)]
+    cap = profile.max_aspect_flops or profile.max_point_flops
     grid = [GemmPoint(op, dtype, 1, m, n, k, False, "aspect") for dtype in dtypes_for(dev.kind) for op in ASPECT_OPS
             for k in profile.gemm_aspect_k for m in sides for n in sides
-            if m * n <= profile.max_gemm_outputs and 2 * m * n * k <= profile.max_point_flops]
+            if m * n <= profile.max_gemm_outputs and 2 * m * n * k <= cap]
     return grid + unaligned_twins(grid, profile.gemm_twin_k or min(profile.gemm_aspect_k))
 
 

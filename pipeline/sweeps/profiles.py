@@ -46,6 +46,12 @@ class Profile:
     # near-square ones at the same output size (predict/gemm.py, AspectCorrection)
     gemm_aspect_k: tuple[int, ...] = ()
     gemm_aspect_max: int = 16384  # the largest M or N of the aspect grid
+    # CPU: FLOP caps of the whole-wave and aspect grids' points (None: max_point_flops). An LM
+    # head's output (GPT-2 at batch 8: 1024 x 50257, 206 MB) is larger than the cap lets the
+    # grids hold at its K; priced from the small-K cells there, the Xeon VM's ran 15 % under
+    # its measured time. A CPU GEMM of 4e10 FLOPs takes ~0.1 s, so these rows are few and cheap.
+    max_wave_flops: float | None = None
+    max_aspect_flops: float | None = None
     # CPU only: the aspect K at which the unaligned twins are timed (None: the smallest)
     gemm_twin_k: int | None = None
     # CPU only: time the aspect grid's mm and linear cells at its largest K (and the held-out
@@ -116,6 +122,7 @@ PROFILES = {
         name="quick", k_values=CPU_K, wave_step=4, max_gemm_outputs=1 << 25, max_point_flops=4e9,
         heldout_per_op=40, heldout_max_mn=2048, heldout_max_k=2048, heldout_max_bmm=512, utility_max_elems=1 << 22,
         utility_heldout_per_op=12, gemm_timing=_CPU_TIMING, utility_timing=_CPU_TIMING, gemm_aspect_k=(64, 256, 1024), gemm_aspect_max=65536,
+        max_wave_flops=4e10, max_aspect_flops=1.6e10,
         gemm_twin_k=256, gemm_cold_weights=True, gemm_batch_k=(16, 64, 256, 1024),
         workload_configs="quick", workload_batches=(1, 4, 8), workload_seqs=(128,),
         attention_max_seq=256, attention_max_batch=4, attention_max_point_flops=1e8, attention_heldout=12,
@@ -167,7 +174,8 @@ GPU_QUICK_TIMING = TimingSpec(warmup_s=0.0, warmup_min=3, budget_s=0.005, min_re
 GPU_FULL_TIMING = TimingSpec(warmup_s=0.005, warmup_min=3, budget_s=0.02, min_reps=25, max_reps=400, flush_l2=True,
                              replay_s=0.001, min_calls=3, max_calls=200)
 CUDA_OVERRIDES = {
-    "quick": dict(k_values=POW2_K, wave_step=2, max_gemm_outputs=1 << 27, max_point_flops=2e12, heldout_max_mn=8192,
+    "quick": dict(k_values=POW2_K, wave_step=2, max_gemm_outputs=1 << 27, max_point_flops=2e12, max_wave_flops=None,
+                  max_aspect_flops=None, heldout_max_mn=8192,
                   heldout_max_k=2000, heldout_max_bmm=1024, utility_max_elems=1 << 26, gemm_timing=GPU_QUICK_TIMING,
                   utility_timing=GPU_QUICK_TIMING, workload_configs="full",
                   dlrm_configs="full", dlrm_batches=(512, 1024, 2048), reference_shapes_per_source=300,

@@ -148,6 +148,52 @@ def test_the_recsys_pricer_blends_by_the_graphs_tables():
     assert small.predict(op, dims, "float32") == pytest.approx(model.predict("forward", "float32", *dims))
 
 
+def test_the_recsys_pricer_blends_by_the_steps_footprint_against_the_measured_cache():
+    """Between two lookups of one table a training step runs everything else: the share priced
+    hot is the measured cache over the bytes the step's ops span, not over the tables alone
+    (a VM's reported last level can be 3x what its probe finds holding data)."""
+    from pipeline.predict.price_recsys import RecsysOps
+
+    model = EmbeddingModel.fit(_hot_and_cold_rows(40.0, 8.0))  # reported last level: 32 MB
+    ops = RecsysOps(model)
+    op, dims = ops.map("aten::_embedding_bag", [[1000, 32], [51_200], [512]], None)  # a 128 kB table
+    hot = model.predict("forward", "float32", *dims)
+    assert ops.predict(op, dims, "float32") == pytest.approx(hot)
+    ops.observe(64 << 20, 16 << 20)  # the step spans 64 MB; the probe found 16 MB
+    assert ops.predict(op, dims, "float32") == pytest.approx(
+        model.predict("forward", "float32", *dims, cached_share=0.25))
+    ops.observe(64 << 20, None)  # no probe: the reported 32 MB
+    assert ops.predict(op, dims, "float32") == pytest.approx(
+        model.predict("forward", "float32", *dims, cached_share=0.5))
+
+
+def test_price_graph_tells_the_extra_ops_the_steps_footprint_and_the_measured_cache():
+    from pipeline.predict.price import price_graph
+    from pipeline.core.graph import ExecutionGraph, Kernel, Op
+
+    seen = []
+
+    class Spy:
+        covers = frozenset()
+
+        def map(self, name, shapes, scalars):
+            return ("spy:op", (1,)) if name == "aten::spy" else None
+
+        def predict(self, model_op, dims, dtype):
+            assert seen, "observe must come before predict"
+            return 1.0
+
+        def observe(self, step_bytes, cache_bytes):
+            seen.append((step_bytes, cache_bytes))
+
+    class Gemm:
+        weight_cache_bytes = 123.0
+
+    graph = ExecutionGraph([Op(0, "aten::spy", kernels=(Kernel("k", 5.0),))])
+    price_graph(graph, {0: [[10, 10], [10, 10]]}, Gemm(), None, "float32", extra=Spy())
+    assert seen == [(200 * 4, 123.0)]  # the op's inputs, float32
+
+
 def test_a_blended_lookup_keeps_the_hot_per_call_overhead():
     rows = _hot_and_cold_rows(40.0, 8.0)
     rows.loc[rows["cold"], "median_us"] += 48.0  # a flush leaves the call's own state cold too: 50 us a call

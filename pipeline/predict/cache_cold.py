@@ -108,6 +108,13 @@ def op_bytes(kind: str, model_op: str, dims, shapes, dtype: str) -> float:
     return float(eb * _elements(shapes or []))
 
 
+def graph_footprint(ops_bytes) -> float:
+    """Bytes a captured step's priced ops span, summed with repeats (`ops_bytes`: op_bytes of
+    each): what passes through the cache between one op and its own next run a step later, as
+    the GEMM weights' uncached share counts a training graph's backward GEMMs again."""
+    return float(sum(ops_bytes))
+
+
 def _elements(shapes) -> int:
     """Elements of every tensor among an op's inputs (a tensor list's entries each)."""
     if not isinstance(shapes, (list, tuple)):

@@ -139,12 +139,14 @@ class EmbeddingModel:
         context = float(samples["llc_bytes"].max()) if "llc_bytes" in samples else 0.0
         return EmbeddingModel(hot_groups, units, rpb, ib, cold_groups, context)
 
-    def cached_share(self, working_set_bytes: float) -> float | None:
-        """The share of a model's tables the cache can hold between two lookups of one table
-        (None without cold fits: the model prices as its sweep measured, hot)."""
+    def cached_share(self, working_set_bytes: float, cache_bytes: float | None = None) -> float | None:
+        """The share of a working set (what passes through the cache between two lookups of one
+        table) that `cache_bytes` (default: the reported last level) holds; None without cold
+        fits: the model prices as its sweep measured, hot."""
         if not self.cold_groups or working_set_bytes <= 0:
             return None
-        return float(min(1.0, self.context_cache_bytes / working_set_bytes))
+        cache = cache_bytes if cache_bytes else self.context_cache_bytes
+        return float(min(1.0, cache / working_set_bytes))
 
     def bandwidth_gbps(self, direction: str, dtype: str, hit_rate: bool = False) -> float:
         """The fitted effective DRAM bandwidth (inf when the fit gave bytes no cost)."""

@@ -23,7 +23,7 @@ from typing import Protocol
 from pipeline.core.dtypes import element_bytes
 from pipeline.core.errors import MissingModelError
 from pipeline.core.graph import ExecutionGraph
-from pipeline.predict.cache_cold import PrecedingWork, op_bytes, utility_bytes
+from pipeline.predict.cache_cold import PrecedingWork, graph_footprint, op_bytes, utility_bytes
 
 # aten GEMMs -> devchar GEMM op. addmm is mm plus a bias the CPU copies into the output
 # first (its aten::copy_ child, priced as copy). matmul/linear nest the real GEMM; they
@@ -161,6 +161,10 @@ class ExtraOps(Protocol):
 
     def predict(self, model_op: str, dims: tuple, dtype: str) -> float: ...
 
+    def observe(self, step_bytes: float, cache_bytes: float | None) -> None:
+        """Told, before any `predict`, how many bytes the graph's priced ops span in all and how
+        much the cache holds as the GEMM sweep measured it (None: not measured)."""
+
 
 def _family(name: str) -> str | None:
     return "gemm" if name in GEMM else UTILITY.get(name)
@@ -238,6 +242,10 @@ def price_graph(graph: ExecutionGraph, shapes: dict, gemm_model, utility_model, 
     cold = uncached_weights(classes, gemm_model, dtype)
     evicted = getattr(utility_model, "cold", None)  # CPU: what an op pays after L2 was evicted
     preceding = PrecedingWork(graph, {i for i, c in classes.items() if c[0] == "priced"})
+    if extra is not None:
+        extra.observe(graph_footprint(_op_bytes(op, classes[op.id], shapes, dtype) for op in graph.ops
+                                      if classes[op.id][0] == "priced"),
+                      getattr(gemm_model, "weight_cache_bytes", None))
     new: dict[int, float] = {}
     records = []
     for op in graph.ops:
@@ -259,8 +267,7 @@ def price_graph(graph: ExecutionGraph, shapes: dict, gemm_model, utility_model, 
             except MissingModelError:
                 status, why = "unmapped", f"no calibration for {model_op}/{dtype}"
             else:
-                kind = "other" if why == "extra" else "gemm" if op.name in GEMM else "utility"
-                preceding.ran(op, prev_bytes, op_bytes(kind, model_op, dims, shapes.get(op.id), dtype))
+                preceding.ran(op, prev_bytes, _op_bytes(op, classes[op.id], shapes, dtype))
         if status == "unmapped":
             status = "kept" if keep_unmapped else "dropped"
             new[op.id] = sum(k.time_us for k in op.kernels) if keep_unmapped else 0.0
@@ -279,6 +286,12 @@ def price_graph(graph: ExecutionGraph, shapes: dict, gemm_model, utility_model, 
     cov = _coverage(records)
     cov["weights_uncached_share"] = cold  # None: GEMMs priced hot, as swept
     return ExecutionGraph(ops), cov
+
+
+def _op_bytes(op, cls: tuple, shapes: dict, dtype: str) -> float:
+    _, model_op, dims, why = cls
+    kind = "other" if why == "extra" else "gemm" if op.name in GEMM else "utility"
+    return op_bytes(kind, model_op, dims, shapes.get(op.id), dtype)
 
 
 def _price_gemm(gemm_model, model_op: str, dtype: str, dims, cold: float | None, why: str) -> float:

@@ -108,6 +108,7 @@ def run_sweep_tables(sweep: str, device: str = "auto", profile: str = "quick", r
     fix_threads(dev)
     warn_if_busy(dev, log)
     run_id = run_id or uuid.uuid4().hex[:12]
+    before = _canary(dev, sweep)
     if sweep == "device":
         from pipeline.device.peaks import device_row
 
@@ -121,10 +122,26 @@ def run_sweep_tables(sweep: str, device: str = "auto", profile: str = "quick", r
         result = getattr(importlib.import_module(module), func)(dev, prof, log)
     # a sweep returns its main table's rows, or {table: rows} when one run fills several
     tables = result if isinstance(result, dict) else {SWEEPS[sweep]: result}
-    for rows in tables.values():
+    speed = {"canary_us": (before + _canary(dev, sweep)) / 2} if before else {}
+    for table, rows in tables.items():
+        stamp = speed if table in CANARY_TABLES else {}
         for r in rows:
-            r["device"], r["run_id"] = dev.slug, run_id
+            r.update(device=dev.slug, run_id=run_id, **stamp)
     return tables
+
+
+# Tables whose rows carry the probe's time during their sweep (harness/canary.py): what the
+# summary sets side by side to tell a drifting machine from a model's error.
+CANARY_TABLES = ("gemm_samples", "utility_samples", "attention_samples", "embedding_samples", "memory_samples",
+                 "workload_runs")
+
+
+def _canary(dev, sweep: str) -> float | None:
+    if dev.kind != "cpu" or SWEEPS[sweep] not in CANARY_TABLES:
+        return None
+    from pipeline.harness.canary import canary_us
+
+    return canary_us()
 
 
 def write_rows(rows: list[dict], out_dir: Path, table: str) -> Path:

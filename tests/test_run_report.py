@@ -128,3 +128,33 @@ def test_the_device_drift_warning_names_its_tables():
                                          "tables_compared": "attention_samples, gemm_samples, utility_samples"})])
     assert "device_drift failed: tables_flagged attention_samples, gemm_samples" in text
     assert "see its metadata" not in text
+
+
+def test_the_summary_sets_the_workload_runs_speed_probe_against_the_gemm_sweeps():
+    """A VM that slows down while a take runs: the kernels are timed fast, the workloads slow,
+    and every prediction falls short by the drift; the summary says how much the probe moved."""
+    import pandas as pd
+
+    from pipeline.analysis.report import render_summary
+
+    preds = pd.DataFrame([{"workload": "gpt2", "config": "c", "batch": 1, "seq": 0, "measured_ms": 1.0,
+                           "predictor": "e2e_shared", "predicted_ms": 0.9, "rel_err": -0.1, "kernel_only_ms": 1.0,
+                           "active_measured_ms": 1.0}])
+    tables = {"predictions": preds,
+              "gemm_samples": pd.DataFrame({"device": "d", "canary_us": [400.0, 400.0, 410.0]}),
+              "workload_runs": pd.DataFrame({"device": "d", "canary_us": [440.0]})}
+
+    class Warehouse:
+        def __init__(self, have):
+            self.have = have
+
+        def has_table(self, table):
+            return table in self.have
+
+        def query(self, sql, params=None):
+            return next(t for name, t in self.have.items() if f"FROM {name}" in sql)
+
+    text = render_summary(Warehouse(tables), "d")
+    assert "the speed probe ran 10.0% slower during the workload runs" in text and "predictions under" in text
+    no_probe = {**tables, "workload_runs": pd.DataFrame({"device": "d", "measured_ms": [1.0]})}
+    assert "speed probe" not in render_summary(Warehouse(no_probe), "d")

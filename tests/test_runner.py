@@ -16,6 +16,8 @@ def test_runner_writes_one_file_per_sweep(tmp_path):
     assert dev["peak_flops_float32"].iloc[0] > 0 and dev["bandwidth_gbps"].iloc[0] > 0
     assert set(util["run_id"]) == {"abc"} and (util["median_us"] > 0).all()
     assert {"bytes_read", "bytes_written", "flops", "held_out"} <= set(util.columns)
+    # a CPU sweep's rows carry the speed probe timed around it; the device row has none
+    assert (util["canary_us"] > 0).all() and util["canary_us"].nunique() == 1 and "canary_us" not in dev
 
 
 def test_traces_sweep_writes_graphs_and_overheads(tmp_path):

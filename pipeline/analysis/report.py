@@ -54,7 +54,29 @@ def render_summary(warehouse, device: str, run_id: str | None = None) -> str:
                       for w in stale]
         for workload, g in p.groupby("workload", sort=False):
             lines.append(_workload_section(workload, g))
+        lines += _speed_drift(warehouse, device)
     return "\n".join(lines)
+
+
+def _speed_drift(warehouse, device: str) -> list[str]:
+    """One line: how much slower or faster the machine ran the workloads than the GEMM sweep,
+    by the probe each sweep timed (harness/canary.py); nothing without both probes."""
+    import pandas as pd
+
+    from pipeline.harness.canary import drift
+
+    med = {}
+    for table in ("gemm_samples", "workload_runs"):
+        if warehouse.has_table(table):
+            rows = warehouse.query(f"SELECT * FROM {table} WHERE device = ?", [device])
+            if "canary_us" in rows and rows["canary_us"].notna().any():
+                med[table] = float(pd.to_numeric(rows["canary_us"]).median())
+    if len(med) < 2:
+        return []
+    d = drift(med["gemm_samples"], med["workload_runs"])
+    return [f"\nmachine speed: the speed probe ran {abs(d):.1%} {'slower' if d > 0 else 'faster'} during the "
+            f"workload runs than during the GEMM sweep; predictions {'under' if d > 0 else 'over'} the measured "
+            f"steps by about that much are the machine drifting, not the model"]
 
 
 _TITLES = {"gpt2": "GPT-2 forward", "dlrm": "DLRM training step"}

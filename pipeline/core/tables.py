@@ -23,7 +23,7 @@ from pipeline.core.slugs import check_slug
 KEY = {"device": "str", "run_id": "str"}
 MEASURED = {"median_us": "float", "p20_us": "float", "p80_us": "float", "cv": "float", "reps": "int", "noisy": "bool"}
 HARNESS = {"remeasured": "bool", "stalled": "bool", "cpu_util": "float", "timing_method": "str",
-           "faults_per_call": "float"}  # added after the first tables: optional
+           "faults_per_call": "float", "canary_us": "float"}  # added after the first tables: optional
 TIMES = {"median_us": ">0", "p20_us": ">0", "p80_us": ">0"}
 GEMM = {"op": "str", "dtype": "str", "layout": "str", "batch": "int", "m": "int", "n": "int", "k": "int",
         "kernel": "str", "tile_m": "int", "tile_n": "int", "split_k": "int", "slots": "int", "blocks": "int",
@@ -81,7 +81,8 @@ CONTRACT: dict[str, Table] = {
                              {"traced_ms": ">0"}),
     "workload_runs": Table({**WORKLOAD_KEY, "measured_ms": "float", "p20_ms": "float", "p80_ms": "float",
                             "cv": "float", "reps": "int", **KEY},
-                           {"n_layer": "int", "n_embd": "int", "n_head": "int", "vocab_size": "int"},
+                           {"n_layer": "int", "n_embd": "int", "n_head": "int", "vocab_size": "int",
+                            "canary_us": "float"},
                            {"measured_ms": ">0", "p20_ms": ">0", "p80_ms": ">0"}),
     "opencl_launches": Table(
         {"kernel_id": "str", "source_hash": "str", "suite": "str", "family": "str", "kernel_name": "str",

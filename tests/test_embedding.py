@@ -162,14 +162,17 @@ def test_the_recsys_pricer_blends_by_the_steps_footprint_against_the_measured_ca
     ops.observe(64 << 20, 16 << 20)  # the step spans 64 MB; the probe found 16 MB
     assert ops.predict(op, dims, "float32") == pytest.approx(
         model.predict("forward", "float32", *dims, cached_share=0.25))
-    ops.observe(64 << 20, None)  # no probe: the reported 32 MB
-    assert ops.predict(op, dims, "float32") == pytest.approx(
-        model.predict("forward", "float32", *dims, cached_share=0.5))
+    for unmeasured in (None, float("nan"), 0.0):  # no probe: the reported 32 MB
+        ops.observe(64 << 20, unmeasured)
+        assert ops.predict(op, dims, "float32") == pytest.approx(
+            model.predict("forward", "float32", *dims, cached_share=0.5))
 
 
 def test_price_graph_tells_the_extra_ops_the_steps_footprint_and_the_measured_cache():
-    from pipeline.predict.price import price_graph
+    """The footprint sums what each priced op spans (a GEMM's operands and output, an extra op's
+    inputs); an op mapped "covered" (a table's sparse update, timed inside EL-B) is left out."""
     from pipeline.core.graph import ExecutionGraph, Kernel, Op
+    from pipeline.predict.price import price_graph
 
     seen = []
 
@@ -177,11 +180,11 @@ def test_price_graph_tells_the_extra_ops_the_steps_footprint_and_the_measured_ca
         covers = frozenset()
 
         def map(self, name, shapes, scalars):
-            return ("spy:op", (1,)) if name == "aten::spy" else None
+            return {"aten::spy": ("spy:op", (1,)), "aten::add_": ("covered", ())}.get(name)
 
         def predict(self, model_op, dims, dtype):
             assert seen, "observe must come before predict"
-            return 1.0
+            return 0.0 if model_op == "covered" else 1.0
 
         def observe(self, step_bytes, cache_bytes):
             seen.append((step_bytes, cache_bytes))
@@ -189,9 +192,23 @@ def test_price_graph_tells_the_extra_ops_the_steps_footprint_and_the_measured_ca
     class Gemm:
         weight_cache_bytes = 123.0
 
-    graph = ExecutionGraph([Op(0, "aten::spy", kernels=(Kernel("k", 5.0),))])
-    price_graph(graph, {0: [[10, 10], [10, 10]]}, Gemm(), None, "float32", extra=Spy())
-    assert seen == [(200 * 4, 123.0)]  # the op's inputs, float32
+        def predict(self, op, dtype, *dims, **kw):
+            return 1.0
+
+    graph = ExecutionGraph([Op(0, "aten::spy", kernels=(Kernel("k", 5.0),)),
+                            Op(1, "aten::mm", kernels=(Kernel("k", 5.0),)),
+                            Op(2, "aten::add_", kernels=(Kernel("k", 5.0),))])
+    shapes = {0: [[10, 10], [10, 10]], 1: [[4, 8], [8, 16]], 2: [[1000, 10], [1000, 10]]}
+    price_graph(graph, shapes, Gemm(), None, "float32", extra=Spy())
+    # float32: the spy's two 10 x 10 inputs, and the mm's 4 x 8, 8 x 16 and 4 x 16 output
+    assert seen == [(4 * (200 + 32 + 128 + 64), 123.0)]
+
+    class Old:  # an ExtraOps without observe still prices
+        covers = frozenset()
+        map, predict = Spy.map, Spy.predict
+
+    seen.append("done")
+    price_graph(graph, shapes, Gemm(), None, "float32", extra=Old())
 
 
 def test_a_blended_lookup_keeps_the_hot_per_call_overhead():

@@ -9,7 +9,8 @@ after), and the summary sets the workload runs' against the GEMM sweep's, so tha
 the drift's size is read as the machine's.
 
 The probe is a small GEMM (compute, every thread) and a copy of a buffer past L2 (memory),
-timed as the sweeps time (blocked calls, median): ~0.1 s.
+timed as the sweeps time (blocked calls, median): ~0.4 s a probe on the Xeon VM (~0.9 s the
+first time in a process), twice per sweep.
 """
 from __future__ import annotations
 

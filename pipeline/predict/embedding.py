@@ -30,6 +30,8 @@ Prediction is vectorized numpy (no torch).
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pandas as pd
 from scipy.special import gammaln
@@ -145,7 +147,8 @@ class EmbeddingModel:
         fits: the model prices as its sweep measured, hot."""
         if not self.cold_groups or working_set_bytes <= 0:
             return None
-        cache = cache_bytes if cache_bytes else self.context_cache_bytes
+        measured = cache_bytes is not None and math.isfinite(cache_bytes) and cache_bytes > 0
+        cache = cache_bytes if measured else self.context_cache_bytes
         return float(min(1.0, cache / working_set_bytes))
 
     def bandwidth_gbps(self, direction: str, dtype: str, hit_rate: bool = False) -> float:

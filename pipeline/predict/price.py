@@ -163,7 +163,7 @@ class ExtraOps(Protocol):
 
     def observe(self, step_bytes: float, cache_bytes: float | None) -> None:
         """Told, before any `predict`, how many bytes the graph's priced ops span in all and how
-        much the cache holds as the GEMM sweep measured it (None: not measured)."""
+        much the cache holds as the GEMM sweep measured it (None: not measured). Optional."""
 
 
 def _family(name: str) -> str | None:
@@ -242,10 +242,13 @@ def price_graph(graph: ExecutionGraph, shapes: dict, gemm_model, utility_model, 
     cold = uncached_weights(classes, gemm_model, dtype)
     evicted = getattr(utility_model, "cold", None)  # CPU: what an op pays after L2 was evicted
     preceding = PrecedingWork(graph, {i for i, c in classes.items() if c[0] == "priced"})
-    if extra is not None:
-        extra.observe(graph_footprint(_op_bytes(op, classes[op.id], shapes, dtype) for op in graph.ops
-                                      if classes[op.id][0] == "priced"),
-                      getattr(gemm_model, "weight_cache_bytes", None))
+    observe = getattr(extra, "observe", None)  # an ExtraOps written before it may lack it
+    if observe is not None:
+        # an op mapped "covered" (a table's sparse update, timed inside EL-B) is left out: its
+        # inputs' shapes span the whole table and a dense-shaped sparse grad, not what it touches
+        observe(graph_footprint(_op_bytes(op, classes[op.id], shapes, dtype) for op in graph.ops
+                                if classes[op.id][0] == "priced" and classes[op.id][1] != "covered"),
+                getattr(gemm_model, "weight_cache_bytes", None))
     new: dict[int, float] = {}
     records = []
     for op in graph.ops:

@@ -43,8 +43,8 @@ class RecsysOps:
         self.table_elements = 0
         # bytes the whole captured step's priced ops span (price_graph's `observe`): between two
         # lookups of one table a training step runs every other lookup, update and GEMM. Tables
-        # alone priced DLRM-default's batch-512 lookups hot on the Xeon VM, 2.5x under their
-        # traced time; the step (3.8x its tables) prices them within 15 %.
+        # alone, against the reported cache, priced DLRM-default's batch-512 lookups hot on the
+        # Xeon VM, 2.5x under their traced time.
         self.step_bytes = 0.0
 
     def map(self, name: str, shapes: list | None, scalars: list | None):

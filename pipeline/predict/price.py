@@ -241,13 +241,14 @@ def price_graph(graph: ExecutionGraph, shapes: dict, gemm_model, utility_model, 
     classes = classify_graph(graph, shapes, scalars, extra, strides)
     cold = uncached_weights(classes, gemm_model, dtype)
     evicted = getattr(utility_model, "cold", None)  # CPU: what an op pays after L2 was evicted
-    preceding = PrecedingWork(graph, {i for i, c in classes.items() if c[0] == "priced"})
+    # bytes each priced op touches: what the op after it finds of L2, and the step's footprint
+    foot = {op.id: _op_bytes(op, classes[op.id], shapes, dtype) for op in graph.ops if classes[op.id][0] == "priced"}
+    preceding = PrecedingWork(graph, set(foot))
     observe = getattr(extra, "observe", None)  # an ExtraOps written before it may lack it
     if observe is not None:
         # an op mapped "covered" (a table's sparse update, timed inside EL-B) is left out: its
         # inputs' shapes span the whole table and a dense-shaped sparse grad, not what it touches
-        observe(graph_footprint(_op_bytes(op, classes[op.id], shapes, dtype) for op in graph.ops
-                                if classes[op.id][0] == "priced" and classes[op.id][1] != "covered"),
+        observe(graph_footprint(b for i, b in foot.items() if classes[i][1] != "covered"),
                 getattr(gemm_model, "weight_cache_bytes", None))
     new: dict[int, float] = {}
     records = []
@@ -270,7 +271,7 @@ def price_graph(graph: ExecutionGraph, shapes: dict, gemm_model, utility_model, 
             except MissingModelError:
                 status, why = "unmapped", f"no calibration for {model_op}/{dtype}"
             else:
-                preceding.ran(op, prev_bytes, _op_bytes(op, classes[op.id], shapes, dtype))
+                preceding.ran(op, prev_bytes, foot[op.id])
         if status == "unmapped":
             status = "kept" if keep_unmapped else "dropped"
             new[op.id] = sum(k.time_us for k in op.kernels) if keep_unmapped else 0.0

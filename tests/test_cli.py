@@ -346,3 +346,37 @@ def test_cli_predict_without_models_is_one_clear_error(devchar_home, capsys):
     assert "cpu-nowhere" in err and "Traceback" not in err
     assert cli_main(["predict", "--device", "cpu-nowhere", "--batch", "0"]) == 2
     assert "batch=0" in capsys.readouterr().err
+
+
+# -- a reference committed with known failures (--expect-failing) ---------------------------------
+
+def run_with_checks(fail: set[str]):
+    """A materialization of one asset with two blocking checks; those named in `fail` fail."""
+    import dagster as dg
+
+    @dg.asset(name="utility_model")
+    def model():
+        return 1
+
+    def check(name):
+        @dg.asset_check(asset=model, name=name, blocking=True)
+        def _check():
+            return dg.AssetCheckResult(passed=name not in fail)
+
+        return _check
+
+    return dg.materialize([model, check("heldout_error"), check("round_trip")], raise_on_error=False)
+
+
+@pytest.mark.parametrize("fail, expected, code, says", [
+    ({"heldout_error"}, {"utility_model.heldout_error"}, 0, "failed exactly its expected checks"),
+    ({"heldout_error", "round_trip"}, {"utility_model.heldout_error"}, 1, "beyond its expected checks"),
+    (set(), {"utility_model.heldout_error"}, 1, "now pass"),
+])
+def test_a_reference_known_to_fail_a_check_passes_only_when_exactly_that_fails(devchar_home, capsys, fail,
+                                                                                expected, code, says):
+    from pipeline.cli.main import _report_run
+
+    assert _report_run(run_with_checks(fail), "cpu-x", expected) == code
+    out = capsys.readouterr()
+    assert says in out.out + out.err

@@ -69,3 +69,27 @@ def test_memory_bad_input_names_the_value():
         memory_bytes("tril_fwd", 4, batch=4, n=1)
     with pytest.raises(MissingModelError, match="transpose"):
         mem.predict("transpose", "float32", batch=1, m=2, n=2)
+
+
+def test_concat_pays_per_input_and_goes_parallel_past_a_size():
+    """ATen's CPU cat copies input by input, and a large copy forks a parallel region: both are
+    fitted, and where the fork starts is learned from the rows."""
+    rows = []
+    for b, n, k in itertools.product((16, 128, 1024, 4096), (16, 64, 256), (2, 9, 27)):
+        nbytes = 2 * b * n * k * 4
+        us = 1.0 + 0.5 * k + (nbytes / 20e3 if nbytes < 1 << 20 else 8.0 + nbytes / 100e3)
+        rows.append(dict(op="concat", batch=b, m=1, n=n, k=k, median_us=us))
+    model = MemoryModel.fit(pd.DataFrame(rows).assign(dtype="float32", held_out=False))
+    assert model.roofline[("concat", "float32")]["split"]["on"] == "bytes"
+    for b, n, k in ((50, 30, 5), (3000, 200, 7)):
+        nbytes = 2 * b * n * k * 4
+        want = 1.0 + 0.5 * k + (nbytes / 20e3 if nbytes < 1 << 20 else 8.0 + nbytes / 100e3)
+        assert model.predict("concat", "float32", batch=b, n=n, k=k) == pytest.approx(want, rel=0.02)
+    assert model.bandwidth_gbps("concat", "float32") == pytest.approx(100.0, rel=0.02)  # the large regime's
+
+
+def test_a_memory_model_saved_before_regimes_still_loads():
+    old = {"kind": "memory_model", "nets": [],
+           "roofline": [{"op": "concat", "dtype": "float32", "overhead_us": 2.0, "us_per_byte": 1e-4, "n": 9}]}
+    model = MemoryModel.from_dict(old)
+    assert model.predict("concat", "float32", batch=4, n=8, k=2) == pytest.approx(2.0 + 2 * 4 * 8 * 2 * 4 * 1e-4)

@@ -58,3 +58,18 @@ def test_utility_bad_input(linear_utility_samples):
         model.predict("relu", "int4", 1, 5)
     with pytest.raises(MissingModelError, match="gelu"):
         model.predict("gelu", "float32", 1, 5)
+
+
+def test_a_row_wise_op_that_forks_once_it_has_rows_becomes_two_regimes():
+    """Layernorm on a 16-thread CPU: one row runs on one thread; from two rows on, the rows are
+    shared out and every call pays the parallel region's fork (~8 µs there)."""
+    rows, cols = (a.ravel() for a in np.meshgrid([1, 2, 16, 128, 1024], [1, 4, 16, 64, 256, 1024, 4096, 16384]))
+    br, bw, _ = utility_traffic("layernorm", rows, cols, 4)
+    df = pd.DataFrame(dict(op="layernorm", dtype="float32", rows=rows, cols=cols, held_out=False,
+                           median_us=np.where(rows < 2, 1.0, 8.0) + (br + bw) / 20e3))
+    model = UtilityModel.fit(df)
+    assert model.regimes[("layernorm", "float32")]["split"] == {"on": "rows", "at": 2.0}
+    for r, c in ((1, 3000), (7, 13), (300, 77)):
+        br, bw, _ = utility_traffic("layernorm", r, c, 4)
+        assert model.predict("layernorm", "float32", r, c) == pytest.approx((1.0 if r < 2 else 8.0) + (br + bw) / 20e3,
+                                                                             rel=1e-3)

@@ -5,10 +5,10 @@ Fitted to minimise *relative* error (each row divided by its measured time), sin
 latency model is judged by relative error across sizes spanning several decades.
 
 One op can run different kernels by shape, as a GEMM does: on the CPU, softmax over fewer
-than 16 columns takes a scalar path ~15x slower per element than the vectorized one, and
-small tensors run on one thread. So a fit may split once, at a column count or an element
-count seen in the sweep, into two regimes with their own coefficients, when that cuts the
-training error by more than half (a depth-1 regression tree with linear leaves).
+than 16 columns takes a scalar path ~15x slower per element than the vectorized one, small
+tensors run on one thread, and a row-wise op (softmax, layernorm) forks once it has rows to
+share. So a fit may split once, at a column, element or row count seen in the sweep, into two
+regimes with their own coefficients (pipeline.predict.regimes).
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import numpy as np
 from pipeline.core.dtypes import check_dtype, element_bytes
 from pipeline.core.errors import BadShapeError, MissingModelError
 from pipeline.predict.cache_cold import ColdPenalty
-from pipeline.predict.fitting import nnls_relative
+from pipeline.predict.regimes import fit_regimes, predict_regimes, regimes_from_dict, regimes_to_dict
 from pipeline.predict.serialize import OP_DTYPE, keyed, records
 from pipeline.predict.traffic import utility_traffic
 from pipeline.core.ops import UTILITY_OPS
@@ -32,35 +32,9 @@ def features(op: str, dtype: str, rows, cols) -> np.ndarray:
     return np.stack([np.ones_like(br), br + bw, fl, rows], axis=-1)
 
 
-SPLIT_ON = ("cols", "elems")
-MIN_LEAF = 2 * len(FEATURES)  # rows a regime needs to be fitted on its own
-SPLIT_GAIN = 0.5  # a split must leave at most this share of the unsplit squared error
-
-
 def _split_values(rows, cols) -> dict[str, np.ndarray]:
-    r, c = np.asarray(rows, dtype=float), np.asarray(cols, dtype=float)
-    return {"cols": c * np.ones_like(r), "elems": r * c}
-
-
-def _sq_err(X, y) -> tuple[np.ndarray, float]:
-    c, rms = nnls_relative(X, y)
-    return c, rms**2 * len(y)
-
-
-def fit_regimes(X: np.ndarray, y: np.ndarray, values: dict[str, np.ndarray]) -> dict:
-    """{"split": None or {"on", "at"}, "coefs": [one] or [below, at-or-above]}."""
-    c, err = _sq_err(X, y)
-    best, best_err = {"split": None, "coefs": [c]}, err * SPLIT_GAIN
-    for on in SPLIT_ON:
-        v = values[on]
-        for at in np.unique(v)[1:]:
-            lo = v < at
-            if lo.sum() < MIN_LEAF or (~lo).sum() < MIN_LEAF:
-                continue
-            (c_lo, e_lo), (c_hi, e_hi) = _sq_err(X[lo], y[lo]), _sq_err(X[~lo], y[~lo])
-            if e_lo + e_hi < best_err:
-                best, best_err = {"split": {"on": on, "at": float(at)}, "coefs": [c_lo, c_hi]}, e_lo + e_hi
-    return best
+    r, c = np.broadcast_arrays(np.asarray(rows, dtype=float), np.asarray(cols, dtype=float))
+    return {"cols": c, "elems": r * c, "rows": r}
 
 
 class UtilityModel:
@@ -94,16 +68,10 @@ class UtilityModel:
             op = "copy"
         if key not in self.regimes:
             raise MissingModelError(f"no utility calibration for op={op!r} dtype={dtype!r}")
-        reg = self.regimes[key]
-        X = features(op, key[1], r, c)
-        if reg["split"] is None:
-            return X @ reg["coefs"][0]
-        below = _split_values(r, c)[reg["split"]["on"]] < reg["split"]["at"]
-        return np.where(below, X @ reg["coefs"][0], X @ reg["coefs"][1])
+        return predict_regimes(self.regimes[key], features(op, key[1], r, c), _split_values(r, c))
 
     def to_dict(self) -> dict:
-        regimes = {key: {"split": r["split"], "coefs": [c.tolist() for c in r["coefs"]]}
-                   for key, r in self.regimes.items()}
+        regimes = {key: regimes_to_dict(r) for key, r in self.regimes.items()}
         d = {"kind": "utility_model", "features": FEATURES, "regimes": records(regimes, OP_DTYPE)}
         if self.cold is not None:  # a model without cold twins saves as it always did
             d["cold"] = self.cold.to_dict()
@@ -114,6 +82,5 @@ class UtilityModel:
         if "coefs" in d:  # saved before regimes: one coefficient vector per (op, dtype)
             return cls({key: {"split": None, "coefs": [np.array(e["coef"], float)]}
                         for key, e in keyed(d["coefs"], OP_DTYPE).items()})
-        return cls({key: {"split": e["split"], "coefs": [np.array(c, float) for c in e["coefs"]]}
-                    for key, e in keyed(d["regimes"], OP_DTYPE).items()},
+        return cls({key: regimes_from_dict(e) for key, e in keyed(d["regimes"], OP_DTYPE).items()},
                    ColdPenalty.from_dict(d["cold"]) if d.get("cold") else None)

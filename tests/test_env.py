@@ -92,7 +92,7 @@ def test_devchar_run_profile_is_run_config_not_the_environment(devchar_home, mon
     monkeypatch.delenv("DEVCHAR_PROFILE", raising=False)
     monkeypatch.setattr("pipeline.device.discover.identify", lambda kind: argparse.Namespace(slug="cpu-test-2c"))
     monkeypatch.setattr(cli, "summary", lambda slug, run_id=None: "")
-    monkeypatch.setattr(cli, "_report_run", lambda result, slug: 0)
+    monkeypatch.setattr(cli, "_report_run", lambda result, slug, expected=(): 0)
     got = {}
     monkeypatch.setattr("pipeline.cli.launch.launch", lambda instance, job, **kw: got.update(
         kw, job=defs.resolve_job_def(job)) or LaunchedRun("r", True))
@@ -114,7 +114,7 @@ def test_devchar_run_without_profile_says_the_configured_one(devchar_home, monke
     monkeypatch.setenv("DEVCHAR_PROFILE", "tiny")
     monkeypatch.setattr("pipeline.device.discover.identify", lambda kind: argparse.Namespace(slug="cpu-test-2c"))
     monkeypatch.setattr(cli, "summary", lambda slug, run_id=None: "")
-    monkeypatch.setattr(cli, "_report_run", lambda result, slug: 0)
+    monkeypatch.setattr(cli, "_report_run", lambda result, slug, expected=(): 0)
     got = {}
     monkeypatch.setattr("pipeline.cli.launch.launch", lambda instance, job, **kw: got.update(kw) or LaunchedRun("r", True))
     assert cli.main(["run"]) == 0
@@ -165,7 +165,7 @@ def test_devchar_run_threads_is_run_config_and_valid_for_the_job(devchar_home, m
 
     monkeypatch.setattr("pipeline.device.discover.identify", lambda kind: argparse.Namespace(slug="cpu-test-2c"))
     monkeypatch.setattr(cli, "summary", lambda slug, run_id=None: "")
-    monkeypatch.setattr(cli, "_report_run", lambda result, slug: 0)
+    monkeypatch.setattr(cli, "_report_run", lambda result, slug, expected=(): 0)
     got = {}
     monkeypatch.setattr("pipeline.cli.launch.launch", lambda instance, job, **kw: got.update(kw) or LaunchedRun("r", True))
     assert cli.main(["run", "--threads", "1"]) == 0

@@ -6,7 +6,7 @@ import dagster as dg
 from assets.common import image_md, md_table, row_count, save_plot
 from pipeline.orchestration.partitions import devices
 from pipeline.analysis.plots import step_time_vs_batch
-from pipeline.predict.graph_predict import predict_runs, table_v
+from pipeline.predict.graph_predict import free_probe, predict_runs, table_v
 from resources.model_store import ModelStore
 from resources.warehouse import DuckDBWarehouse
 
@@ -21,7 +21,8 @@ def graph_predictions(warehouse: DuckDBWarehouse, model_store: ModelStore, devic
     samples = warehouse.device_rows("overhead_samples", device)
     loaded = {m: model_store.load(device, m) for m in models}
     synchronous = warehouse.device_kind(device) == "cpu"
-    return predict_runs(runs, graphs, samples, loaded, synchronous).assign(device=device)
+    free = free_probe(warehouse.device_rows("devices", device).iloc[0])
+    return predict_runs(runs, graphs, samples, loaded, synchronous, free).assign(device=device)
 
 
 def table_v_metadata(pred: pd.DataFrame, device: str, name: str) -> dict:

@@ -25,14 +25,16 @@ def predict_captured(args) -> int:
     gemm, utility = champion_model(args.device, "gemm_model"), champion_model(args.device, "utility_model")
     overheads, extra = _optional_models(args.device, load=champion_model)
     sync = _is_cpu(args.device)  # a GPU target: Algorithm 1's asynchronous CPU/GPU clocks
+    free = _free_probe(args.device)
     if args.hf_config:
         out = pc.predict_hf_config(args.hf_config, args.batch, args.seq, gemm, utility, overheads, dtype, extra=extra,
-                                   synchronous=sync, config=config)
+                                   synchronous=sync, config=config, free=free)
         label = f"{out['model_type']} from {args.hf_config} batch={args.batch} seq={args.seq}"
         model, inputs = out["model"], out["inputs"]
     else:
         model, inputs = pc.call_factory(args.module, factory)
-        out = pc.predict_module(model, inputs, gemm, utility, overheads, dtype, extra=extra, synchronous=sync)
+        out = pc.predict_module(model, inputs, gemm, utility, overheads, dtype, extra=extra, synchronous=sync,
+                                free=free)
         label = args.module
     cov = out["coverage"]
     host = "host overheads from the shared overhead model" if overheads else "no overhead model: kernels only"
@@ -52,6 +54,16 @@ def predict_captured(args) -> int:
         print(f"measured {m.median_us / 1e3:.2f} ms here (5 warm-up, 25 runs; median): error {err:+.1%}")
     say_fallbacks()
     return 0
+
+
+def _free_probe(device: str) -> dict:
+    """The device row's free probe (harness/free_cost.py); empty where none was measured."""
+    from pipeline.predict.graph_predict import free_probe
+
+    try:
+        return free_probe(warehouse().device_rows("devices", device).iloc[0])
+    except (DevcharError, IndexError):
+        return {}
 
 
 def _print_breakdown(table) -> None:

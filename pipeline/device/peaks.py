@@ -1,4 +1,5 @@
-"""Measured peaks: matmul FLOP/s per dtype and copy bandwidth. Measured, never from a spec sheet."""
+"""Measured peaks: matmul FLOP/s per dtype and copy bandwidth, and (CPU) what a large free costs
+(harness/free_cost.py). Measured, never from a spec sheet."""
 from __future__ import annotations
 
 from pipeline.device.discover import DeviceIdentity
@@ -41,4 +42,10 @@ def device_row(dev: DeviceIdentity, quick: bool = True) -> dict:
     for dt in ("float32", "tf32", "bfloat16", "float16"):
         row[f"peak_flops_{dt}"] = peak_matmul_flops(dev, dt, size) if dt in dtypes_for(dev.kind) else None
     row["bandwidth_gbps"] = copy_bandwidth_gbps(dev)
+    if dev.kind == "cpu":  # a GPU's caching allocator keeps freed blocks: nothing to free per step
+        from pipeline.harness.free_cost import free_cost
+
+        row.update(free_cost())
+    else:
+        row.update(free_us_per_page=None, free_from_bytes=None)
     return row

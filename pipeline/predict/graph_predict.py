@@ -40,6 +40,34 @@ def load_graph(graph_json: str) -> tuple[ExecutionGraph, dict, dict, dict]:
     return graph, shapes, scalars, strides
 
 
+PAGE = 4096
+
+
+def returned_of(graph_json: str) -> list[int]:
+    """Bytes of each tensor the captured step returned (captures before 2026-11-26: none known)."""
+    try:
+        return [int(b) for b in json.loads(graph_json).get("returned_bytes", [])]
+    except (ValueError, TypeError, AttributeError) as e:
+        raise DevcharError(f"workload graph JSON is unreadable: {e}") from None
+
+
+def free_probe(device_row: pd.Series) -> dict:
+    """A devices row's free probe (free_us_per_page, free_from_bytes); empty for a row measured
+    before the probe (2026-11-26)."""
+    return {k: device_row[k] for k in ("free_us_per_page", "free_from_bytes")
+            if k in device_row.index and pd.notna(device_row[k])}
+
+
+def output_free_us(returned: list[int], free: dict | None) -> float:
+    """Host µs a loop of steps spends freeing what each returns, after its last op, where no op
+    or gap between ops holds it: each block of at least `free_from_bytes` pays `free_us_per_page`
+    a page, as the device row's probe measured (harness/free_cost.py). 0 without a probe."""
+    per_page, from_bytes = (free or {}).get("free_us_per_page"), (free or {}).get("free_from_bytes")
+    if per_page is None or from_bytes is None or per_page != per_page or from_bytes != from_bytes:
+        return 0.0
+    return float(sum(b / PAGE * per_page for b in returned if b >= from_bytes))
+
+
 def overheads_for(samples: pd.DataFrame, key: dict) -> dict[str, OverheadModel | None]:
     """The two overhead models for one run (None where no trace qualifies)."""
     same_cfg = (samples["workload"] == key["workload"]) & (samples["config"] == key["config"])
@@ -51,8 +79,11 @@ def overheads_for(samples: pd.DataFrame, key: dict) -> dict[str, OverheadModel |
 
 
 def predict_graph(graph: ExecutionGraph, shapes: dict, scalars: dict, models: dict, dtype: str,
-                  overheads: dict[str, OverheadModel | None], synchronous: bool, strides: dict | None = None) -> dict:
-    """Predicted µs per predictor, plus the priced graph's coverage (price.py)."""
+                  overheads: dict[str, OverheadModel | None], synchronous: bool, strides: dict | None = None,
+                  free_us: float = 0.0) -> dict:
+    """Predicted µs per predictor, plus the priced graph's coverage (price.py). `free_us`: the
+    host time a step spends freeing its outputs (output_free_us), added to the end-to-end
+    predictors; kernel_only sums the ops alone."""
     extra = RecsysOps(models.get("embedding_model"), models.get("memory_model"))
     priced, cov = price_graph(graph, shapes, models["gemm_model"], models["utility_model"], dtype,
                               scalars=scalars, extra=extra, synchronous=synchronous, strides=strides)
@@ -60,15 +91,16 @@ def predict_graph(graph: ExecutionGraph, shapes: dict, scalars: dict, models: di
     for name, model in overheads.items():
         if model is not None:
             e2e = critical_path(priced, model, synchronous=synchronous)
-            out[name] = e2e.e2e_us
+            out[name] = e2e.e2e_us + free_us
             out[f"{name}_bound"] = e2e.bound
     out["coverage"] = cov
     return out
 
 
 def predict_runs(runs: pd.DataFrame, graphs: pd.DataFrame, samples: pd.DataFrame, models: dict,
-                 synchronous: bool) -> pd.DataFrame:
-    """One row per (measured run with a captured graph) x predictor: the `predictions` rows."""
+                 synchronous: bool, free: dict | None = None) -> pd.DataFrame:
+    """One row per (measured run with a captured graph) x predictor: the `predictions` rows.
+    `free`: the device row's free probe (free_us_per_page, free_from_bytes), if it has one."""
     g_by_key = {tuple(r[k] for k in KEY): r for r in graphs.to_dict("records")}
     rows = []
     for run in runs.to_dict("records"):
@@ -78,7 +110,7 @@ def predict_runs(runs: pd.DataFrame, graphs: pd.DataFrame, samples: pd.DataFrame
         graph, shapes, scalars, strides = load_graph(g["graph_json"])
         key = {k: run[k] for k in KEY}
         got = predict_graph(graph, shapes, scalars, models, run["dtype"], overheads_for(samples, key), synchronous,
-                            strides)
+                            strides, output_free_us(returned_of(g["graph_json"]), free))
         cov = got["coverage"]
         active_measured = (cov["priced_us"] + cov["covered_us"]) / 1e3  # traced self time of modeled work
         for p in PREDICTORS:

@@ -44,7 +44,8 @@ def sweep_traces(dev: DeviceIdentity, profile: Profile, log=None, dtype: str = "
                        "capture_source": info["source"], "times_source": info["times_source"],
                        "graph_json": json.dumps({"graph": graph.to_dict(), "shapes": info["shapes"],
                                                  "scalars": info.get("scalars", {}),
-                                                 "strides": info.get("strides", {})})})
+                                                 "strides": info.get("strides", {}),
+                                                 "returned_bytes": info.get("returned_bytes", [])})})
         prog.step(f"{e.workload} {e.config} b={e.batch} s={e.seq}: {len(graph)} ops, {len(rows)} overheads")
     return {"workload_graphs": graphs, "overhead_samples": samples}
 

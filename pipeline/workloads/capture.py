@@ -52,8 +52,12 @@ def capture(fn: Callable[[], Any], *, warmup: int = 2, execution_trace: bool = T
     """
     if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
         raise ValueError(f"warmup={warmup!r} must be an integer >= 0")
+    out = None
     for _ in range(warmup):  # first calls pay allocation, lazy init, oneDNN primitive creation
-        fn()
+        out = fn()
+    # what a loop of steps frees after each one (harness/free_cost.py); unknown without a warm-up
+    returned = returned_bytes(out) if warmup else []
+    del out
     notes: list[str] = []
     with tempfile.TemporaryDirectory(prefix="devchar-capture-") as tmp:
         et_path = os.path.join(tmp, "et.json")
@@ -72,8 +76,25 @@ def capture(fn: Callable[[], Any], *, warmup: int = 2, execution_trace: bool = T
     if not execution_trace:
         notes.append("execution trace not requested: shapes from the profiler, no data dependencies")
     graph, info = _build(trace, et_nodes, timing, notes)
-    info.update(trace=timing if info["times_source"] == "timing run" else trace, notes=notes)
+    info.update(trace=timing if info["times_source"] == "timing run" else trace, notes=notes, returned_bytes=returned)
     return graph, info
+
+
+def returned_bytes(out) -> list[int]:
+    """Bytes of each tensor a step returns (a tensor, or one inside a tuple, list, dict or a
+    Hugging Face ModelOutput), the largest first."""
+    import torch
+
+    found, todo = [], [out]
+    while todo:
+        x = todo.pop()
+        if isinstance(x, torch.Tensor):
+            found.append(x.untyped_storage().nbytes())
+        elif isinstance(x, dict):  # ModelOutput is an OrderedDict
+            todo.extend(x.values())
+        elif isinstance(x, (tuple, list)):
+            todo.extend(x)
+    return sorted(found, reverse=True)
 
 
 def _profile(fn, tmp: str, et) -> dict:

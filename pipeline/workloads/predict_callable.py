@@ -20,6 +20,7 @@ from typing import Any
 
 import pandas as pd
 
+from pipeline.predict.graph_predict import output_free_us
 from pipeline.core.errors import BadConfigError, BadShapeError, check_dims
 from pipeline.core.dtypes import element_bytes
 from pipeline.harness.dtypes import torch_dtype
@@ -46,7 +47,7 @@ def _call(fn_or_module, inputs):
 def predict_module(fn_or_module, inputs, gemm_model, utility_model, overheads: OverheadModel | None,
                    dtype: str = "float32", *, keep_unmapped: bool = False, warmup: int = 2,
                    execution_trace: bool = True, separate_timing: bool = True, extra=None,
-                   synchronous: bool = True) -> dict[str, Any]:
+                   synchronous: bool = True, free: dict | None = None) -> dict[str, Any]:
     """capture -> price_graph -> critical_path (synchronous for a CPU target, see the module doc).
 
     Returns e2e_us, kernel_only_us (sum of re-priced kernels), coverage (price.py), per_op
@@ -56,6 +57,8 @@ def predict_module(fn_or_module, inputs, gemm_model, utility_model, overheads: O
     capture_info["trace"]). `overheads=None` predicts with every overhead 0. Measured times
     come from an observer-free call by default (separate_timing, see capture): they feed only
     coverage, keep_unmapped and measured_us. `extra`: more op mappings (price_recsys.RecsysOps).
+    `free`: the device's free probe; a loop of calls frees what each returns, which e2e_us
+    then counts (graph_predict.output_free_us).
     """
     import torch
 
@@ -72,7 +75,7 @@ def predict_module(fn_or_module, inputs, gemm_model, utility_model, overheads: O
     per_op.insert(2, "parent", [graph.op(i).parent for i in per_op["id"]])
     per_op["shapes"] = [info["shapes"].get(i) for i in per_op["id"]]
     measured = sum(info["times"][op.id]["dur"] for op in graph.top_level())
-    return {"e2e_us": e2e.e2e_us, "kernel_only_us": e2e.active_us, "coverage": coverage, "per_op": per_op,
+    return {"e2e_us": e2e.e2e_us + output_free_us(info["returned_bytes"], free), "kernel_only_us": e2e.active_us, "coverage": coverage, "per_op": per_op,
             "e2e": e2e, "graph": priced, "measured_us": measured, "capture_info": info}
 
 

@@ -20,6 +20,7 @@ def test_the_probe_finds_where_frees_start_to_cost_and_what_a_page_costs():
 
 
 def test_the_probe_runs_here():
+    """A smoke test: the probe's loop runs on this machine and gives a value summarize allows."""
     pytest.importorskip("torch")
     from pipeline.harness.free_cost import free_cost
 
@@ -44,6 +45,8 @@ def test_a_capture_records_the_bytes_of_what_the_step_returns():
 
     assert returned_bytes({"logits": torch.empty(4, 8), "past": (torch.empty(2), None)}) == [128, 8]
     assert returned_bytes(None) == [] and returned_bytes(torch.empty(3, dtype=torch.float64)) == [24]
+    kv = torch.empty(2, 16)
+    assert returned_bytes((kv[0], kv[1], kv)) == [128]  # views of one storage: freed once
     x = torch.randn(16, 32)
     _, info = capture(lambda: torch.relu(x @ x.T), warmup=1, execution_trace=False)
     assert info["returned_bytes"] == [16 * 16 * 4]

@@ -105,13 +105,16 @@ def _report_run(result, slug: str, expected: set[str] = frozenset()) -> int:
 
 
 def _report_expected(run_id: str, checks, steps, expected: set[str]) -> int:
-    """A calibration committed with known failures (--expect-failing) still guards the code: any
-    other failure, or a known one that now passes (so the list is stale), fails the run."""
+    """A calibration committed with known failures (--expect-failing) still guards what runs:
+    any other failed check or step, or a known one that now passes (so the list is stale),
+    fails the run. What depends on a failed blocking check does not run, so it is not guarded;
+    the verdict says so."""
     from pipeline.analysis.run_report import describe_checks
 
     failed = {f"{c.asset}.{c.check}" for c in checks if c.blocking}
     if failed == expected and not steps:
-        print(f"devchar: run {run_id} failed exactly its expected checks {sorted(expected)}, as committed:")
+        print(f"devchar: run {run_id} failed exactly its expected checks {sorted(expected)}, as committed; "
+              "what depends on them did not run and is unchecked:")
         print(describe_checks([c for c in checks if c.blocking]))
         return 0
     if failed - expected or steps:

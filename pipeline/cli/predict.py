@@ -127,16 +127,20 @@ def cmd_what_if(args) -> int:
     overheads = gp.overheads_for(wh.device_rows("overhead_samples", device), key)
     models = {m: _load_model(device, m) for m in ("gemm_model", "utility_model", "embedding_model", "memory_model")}
     sync = _is_cpu(device)
+    free = _free_probe(device)
 
-    def show(label, g, shp, sc, breakdown=False, st=strides):
-        got = gp.predict_graph(g, shp, sc, models, row["dtype"], overheads, sync, st)
+    def show(label, g, shp, sc, breakdown=False, st=strides, freed=0.0):
+        got = gp.predict_graph(g, shp, sc, models, row["dtype"], overheads, sync, st, freed)
         parts = ", ".join(f"{p} {got[p] / 1e3:.2f} ms" for p in gp.PREDICTORS if p in got)
         print(f"{label}: {parts}")
         if breakdown:
             _print_breakdown(gp.op_breakdown(got["coverage"]))
         return got
 
-    show(f"{args.config} batch={args.batch} as captured", graph, shapes, scalars, args.breakdown)
+    # a captured graph's step frees what it returned (graph_predict.output_free_us); a transformed
+    # one's outputs are not known, so its lines price the ops and host time alone
+    show(f"{args.config} batch={args.batch} as captured", graph, shapes, scalars, args.breakdown,
+         freed=gp.output_free_us(gp.returned_of(row["graph_json"]), free))
     label = f"{args.config}"
     if args.new_batch is not None:
         # the second point: another captured batch, not the target itself (so a target that was
@@ -156,7 +160,7 @@ def cmd_what_if(args) -> int:
     got = show(label, graph, shapes, scalars)
     if args.new_batch in by_batch and not args.fuse_embeddings:
         g2, s2, c2, t2 = gp.load_graph(by_batch[args.new_batch]["graph_json"])
-        show(f"  check: the graph captured at batch={args.new_batch}", g2, s2, c2, st=t2)
+        show(f"  check: the graph captured at batch={args.new_batch} (no output free, as above)", g2, s2, c2, st=t2)
     if args.measure:
         m = _measure_what_if(args.config, args.batch if args.new_batch is None else args.new_batch, args.fuse_embeddings)
         best = got.get("e2e_shared", got["kernel_only"])

@@ -2,9 +2,11 @@
 
 A measured step drops what it returns before the next call: GPT-2's logits (100-200 MB at
 batch 4-8) are freed inside the timed loop, after the last op, where no op's time and no
-gap between ops holds them. glibc serves a block of at least its mmap threshold (32 MB by
-default, adapting below it) with its own mapping and returns it with munmap, which walks
-every page; below, a freed block goes back to the heap for almost nothing. On the Xeon VM
+gap between ops holds them. glibc serves a block of at least its mmap threshold with its own
+mapping and returns it with munmap, which walks every page; below, a freed block goes back to
+the heap for almost nothing. The threshold starts at 128 KiB and rises to the size of each
+mapped block freed, up to 32 MiB on 64-bit: in a loop of steps, blocks under 32 MiB stop
+paying. Another allocator (jemalloc, tcmalloc) pays what it pays; the probe measures it. On the Xeon VM
 (2026-11-26) a 128 MB tensor freed in 5.5 ms (0.17 µs a 4 KiB page), a 24 MB one in 6 µs;
 GPT-2 1l b4 ran 53.9 ms a step dropping its logits and 49.6 ms keeping them.
 

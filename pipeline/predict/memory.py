@@ -7,7 +7,8 @@
   not need: concat also pays per input and per (row, input) segment (ATen's CPU cat copies
   input by input), and a fit may split once on bytes into two regimes (pipeline.predict.regimes)
   where a copy goes from one thread to a parallel region, whose fork costs ~8 µs on a 16-thread
-  CPU. Without them a 16-thread Xeon's held-out concat was 76 % off (median), memcpy 52 %.
+  CPU. Without them a 16-thread Xeon's held-out concat was 76 % off (median; mean 71 %),
+  memcpy 52 % (mean 50 %).
 - transpose, tril_fwd, tril_bwd (ML, III-B2): an MLP per (op, dtype) from the op's input
   dimensions to its time, both in logarithms, grid-searched (Table II's space; the reduced grid
   by default) with the helpers of pipeline.predict.mlp.

@@ -54,6 +54,7 @@ def capture(fn: Callable[[], Any], *, warmup: int = 2, execution_trace: bool = T
         raise ValueError(f"warmup={warmup!r} must be an integer >= 0")
     out = None
     for _ in range(warmup):  # first calls pay allocation, lazy init, oneDNN primitive creation
+        out = None  # dropped before the next call, as a loop of steps drops it: one output alive at a time
         out = fn()
     # what a loop of steps frees after each one (harness/free_cost.py); unknown without a warm-up
     returned = returned_bytes(out) if warmup else []
@@ -81,15 +82,19 @@ def capture(fn: Callable[[], Any], *, warmup: int = 2, execution_trace: bool = T
 
 
 def returned_bytes(out) -> list[int]:
-    """Bytes of each tensor a step returns (a tensor, or one inside a tuple, list, dict or a
-    Hugging Face ModelOutput), the largest first."""
+    """Bytes of each storage a step returns (a tensor, or one inside a tuple, list, dict or a
+    Hugging Face ModelOutput; views of one storage count once), the largest first. Other
+    containers (a DynamicCache) are not looked into."""
     import torch
 
-    found, todo = [], [out]
+    found, seen, todo = [], set(), [out]
     while todo:
         x = todo.pop()
         if isinstance(x, torch.Tensor):
-            found.append(x.untyped_storage().nbytes())
+            storage = x.untyped_storage()
+            if storage.data_ptr() not in seen:
+                seen.add(storage.data_ptr())
+                found.append(storage.nbytes())
         elif isinstance(x, dict):  # ModelOutput is an OrderedDict
             todo.extend(x.values())
         elif isinstance(x, (tuple, list)):

@@ -50,8 +50,9 @@ def predict_module(fn_or_module, inputs, gemm_model, utility_model, overheads: O
                    synchronous: bool = True, free: dict | None = None) -> dict[str, Any]:
     """capture -> price_graph -> critical_path (synchronous for a CPU target, see the module doc).
 
-    Returns e2e_us, kernel_only_us (sum of re-priced kernels), coverage (price.py), per_op
-    (a DataFrame, one row per captured op), e2e (the E2E record), graph (re-priced),
+    Returns e2e_us (the E2E record's, plus output_free_us), kernel_only_us (sum of re-priced
+    kernels), coverage (price.py), per_op (a DataFrame, one row per captured op), e2e (the E2E
+    record), graph (re-priced),
     measured_us (the profiled call's top-level op time: for comparison only, profiler
     overhead included) and capture_info (notes, source, shapes...; the Chrome trace is under
     capture_info["trace"]). `overheads=None` predicts with every overhead 0. Measured times
@@ -75,7 +76,8 @@ def predict_module(fn_or_module, inputs, gemm_model, utility_model, overheads: O
     per_op.insert(2, "parent", [graph.op(i).parent for i in per_op["id"]])
     per_op["shapes"] = [info["shapes"].get(i) for i in per_op["id"]]
     measured = sum(info["times"][op.id]["dur"] for op in graph.top_level())
-    return {"e2e_us": e2e.e2e_us + output_free_us(info["returned_bytes"], free), "kernel_only_us": e2e.active_us, "coverage": coverage, "per_op": per_op,
+    freed = output_free_us(info["returned_bytes"], free)  # e2e_us holds it; the E2E record does not
+    return {"e2e_us": e2e.e2e_us + freed, "output_free_us": freed, "kernel_only_us": e2e.active_us, "coverage": coverage, "per_op": per_op,
             "e2e": e2e, "graph": priced, "measured_us": measured, "capture_info": info}
 
 

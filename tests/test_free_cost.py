@@ -6,7 +6,8 @@ import pandas as pd
 import pytest
 
 from pipeline.harness.free_cost import summarize
-from pipeline.predict.graph_predict import PAGE, output_free_us, returned_of
+from pipeline.predict.graph_predict import output_free_us, returned_of
+from pipeline.predict.page_faults import PAGE_BYTES as PAGE
 
 MB = 1 << 20
 

@@ -4,6 +4,7 @@ a run's events are read by their attributes (event_type_value, event_specific_da
 from __future__ import annotations
 
 import os
+import sys
 import re
 from dataclasses import dataclass, field
 
@@ -129,3 +130,24 @@ def explain_failure(checks: list[FailedCheck], steps: list[FailedStep], noisy: d
                  f"DEVCHAR_MAX_HELDOUT_ERR={gates.max_heldout_err} (median per op and dtype) and "
                  f"DEVCHAR_MAX_HELDOUT_MEAN_ERR={gates.max_heldout_mean_err} (mean over all shapes)")
     return "\n".join(lines)
+
+
+def report_expected(run_id: str, checks, steps, expected: set[str]) -> int:
+    """A calibration committed with known failures (--expect-failing) still guards what runs:
+    any other failed check or step, or a known one that now passes (so the list is stale),
+    fails the run. What depends on a failed blocking check does not run, so it is not guarded;
+    the verdict says so."""
+    failed = {f"{c.asset}.{c.check}" for c in checks if c.blocking}
+    if failed == expected and not steps:
+        print(f"devchar: run {run_id} failed exactly its expected checks {sorted(expected)}, as committed; "
+              "what depends on them did not run and is unchecked:")
+        print(describe_checks([c for c in checks if c.blocking]))
+        return 0
+    if failed - expected or steps:
+        print(f"devchar: run {run_id} failed beyond its expected checks: {sorted(failed - expected)}"
+              f"{' and steps ' + str([s.step for s in steps]) if steps else ''}", file=sys.stderr)
+        print(describe_checks(checks), file=sys.stderr)
+    if expected - failed:
+        print(f"devchar: run {run_id}: expected failing checks now pass: {sorted(expected - failed)}; "
+              "remove them from the reference's expected_check_failures", file=sys.stderr)
+    return 1

@@ -78,7 +78,7 @@ def _report_run(result, slug: str, expected: set[str] = frozenset()) -> int:
     the steps the interrupt stopped), 1 for a failure, explained (pipeline/analysis/run_report.py).
     expected: blocking checks ("asset.check") known to fail; failing exactly those is a 0."""
     from pipeline.analysis.run_report import (describe_checks, device_threads, explain_failure, failures,
-                                              interrupted_steps, noisy_shares)
+                                              interrupted_steps, noisy_shares, report_expected)
     from resources.env import resolved
     from resources.quality import QualityGates
 
@@ -90,7 +90,7 @@ def _report_run(result, slug: str, expected: set[str] = frozenset()) -> int:
         return 130
     checks, steps = failures(result.all_events)
     if expected:
-        return _report_expected(result.run_id, checks, steps, expected)
+        return report_expected(result.run_id, checks, steps, expected)
     if not result.success or any(c.blocking for c in checks):
         wh = warehouse()
         where = [c.asset for c in checks if c.blocking] + [s.step for s in steps]
@@ -102,29 +102,6 @@ def _report_run(result, slug: str, expected: set[str] = frozenset()) -> int:
         print(f"devchar: run {result.run_id} succeeded with {len(checks)} check warning(s):")
         print(describe_checks(checks))
     return 0
-
-
-def _report_expected(run_id: str, checks, steps, expected: set[str]) -> int:
-    """A calibration committed with known failures (--expect-failing) still guards what runs:
-    any other failed check or step, or a known one that now passes (so the list is stale),
-    fails the run. What depends on a failed blocking check does not run, so it is not guarded;
-    the verdict says so."""
-    from pipeline.analysis.run_report import describe_checks
-
-    failed = {f"{c.asset}.{c.check}" for c in checks if c.blocking}
-    if failed == expected and not steps:
-        print(f"devchar: run {run_id} failed exactly its expected checks {sorted(expected)}, as committed; "
-              "what depends on them did not run and is unchecked:")
-        print(describe_checks([c for c in checks if c.blocking]))
-        return 0
-    if failed - expected or steps:
-        print(f"devchar: run {run_id} failed beyond its expected checks: {sorted(failed - expected)}"
-              f"{' and steps ' + str([s.step for s in steps]) if steps else ''}", file=sys.stderr)
-        print(describe_checks(checks), file=sys.stderr)
-    if expected - failed:
-        print(f"devchar: run {run_id}: expected failing checks now pass: {sorted(expected - failed)}; "
-              "remove them from the reference's expected_check_failures", file=sys.stderr)
-    return 1
 
 
 def _reference_plan(slug: str):

@@ -6,9 +6,9 @@ gap between ops holds them. glibc serves a block of at least its mmap threshold 
 mapping and returns it with munmap, which walks every page; below, a freed block goes back to
 the heap for almost nothing. The threshold starts at 128 KiB and rises to the size of each
 mapped block freed, up to 32 MiB on 64-bit: in a loop of steps, blocks under 32 MiB stop
-paying. Another allocator (jemalloc, tcmalloc) pays what it pays; the probe measures it. On the Xeon VM
-(2026-11-26) a 128 MB tensor freed in 5.5 ms (0.17 µs a 4 KiB page), a 24 MB one in 6 µs;
-GPT-2 1l b4 ran 53.9 ms a step dropping its logits and 49.6 ms keeping them.
+paying. Another allocator (jemalloc, tcmalloc) pays what it pays; the probe measures it.
+On the Xeon VM (2026-11-26) a 128 MB tensor freed in 5.5 ms (0.17 µs a 4 KiB page), a 24 MB
+one in 6 µs; GPT-2 1l b4 ran 53.9 ms a step dropping its logits and 49.6 ms keeping them.
 
 So the probe frees written tensors of a ladder of sizes in steady state (the allocator has
 seen each size before, as in a loop of steps) and reports the per-page cost of the sizes
@@ -20,7 +20,7 @@ import time
 
 import numpy as np
 
-PAGE = 4096
+PAGE = 4096  # the page the per-page cost is per: predict.page_faults.PAGE_BYTES, which prices it
 SIZES_MB = (4, 8, 16, 32, 64, 128)
 REPS, KEPT = 6, 3  # frees per size; the medians of the last KEPT (the first ones move the threshold)
 PAYS = 0.5  # a size pays the per-page cost when it pays at least this share of the largest size's

@@ -20,6 +20,7 @@ from pipeline.core.errors import DevcharError
 from pipeline.predict.critical_path import critical_path
 from pipeline.core.graph import ExecutionGraph
 from pipeline.predict.overheads import OverheadModel
+from pipeline.predict.page_faults import PAGE_BYTES
 from pipeline.predict.price import price_graph
 from pipeline.predict.price_recsys import RecsysOps
 
@@ -38,9 +39,6 @@ def load_graph(graph_json: str) -> tuple[ExecutionGraph, dict, dict, dict]:
     except (ValueError, KeyError, TypeError, AttributeError) as e:
         raise DevcharError(f"workload graph JSON is unreadable: {e}") from None
     return graph, shapes, scalars, strides
-
-
-PAGE = 4096
 
 
 def returned_of(graph_json: str) -> list[int]:
@@ -65,7 +63,7 @@ def output_free_us(returned: list[int], free: dict | None) -> float:
     per_page, from_bytes = (free or {}).get("free_us_per_page"), (free or {}).get("free_from_bytes")
     if per_page is None or from_bytes is None or per_page != per_page or from_bytes != from_bytes:
         return 0.0
-    return float(sum(b / PAGE * per_page for b in returned if b >= from_bytes))
+    return float(sum(b / PAGE_BYTES * per_page for b in returned if b >= from_bytes))
 
 
 def overheads_for(samples: pd.DataFrame, key: dict) -> dict[str, OverheadModel | None]:

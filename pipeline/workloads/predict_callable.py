@@ -52,9 +52,8 @@ def predict_module(fn_or_module, inputs, gemm_model, utility_model, overheads: O
 
     Returns e2e_us (the E2E record's, plus output_free_us), kernel_only_us (sum of re-priced
     kernels), coverage (price.py), per_op (a DataFrame, one row per captured op), e2e (the E2E
-    record), graph (re-priced),
-    measured_us (the profiled call's top-level op time: for comparison only, profiler
-    overhead included) and capture_info (notes, source, shapes...; the Chrome trace is under
+    record), graph (re-priced), measured_us (the profiled call's top-level op time: for
+    comparison only, profiler overhead included) and capture_info (notes, source, shapes...; the Chrome trace is under
     capture_info["trace"]). `overheads=None` predicts with every overhead 0. Measured times
     come from an observer-free call by default (separate_timing, see capture): they feed only
     coverage, keep_unmapped and measured_us. `extra`: more op mappings (price_recsys.RecsysOps).
@@ -77,8 +76,9 @@ def predict_module(fn_or_module, inputs, gemm_model, utility_model, overheads: O
     per_op["shapes"] = [info["shapes"].get(i) for i in per_op["id"]]
     measured = sum(info["times"][op.id]["dur"] for op in graph.top_level())
     freed = output_free_us(info["returned_bytes"], free)  # e2e_us holds it; the E2E record does not
-    return {"e2e_us": e2e.e2e_us + freed, "output_free_us": freed, "kernel_only_us": e2e.active_us, "coverage": coverage, "per_op": per_op,
-            "e2e": e2e, "graph": priced, "measured_us": measured, "capture_info": info}
+    return {"e2e_us": e2e.e2e_us + freed, "output_free_us": freed, "kernel_only_us": e2e.active_us,
+            "coverage": coverage, "per_op": per_op, "e2e": e2e, "graph": priced, "measured_us": measured,
+            "capture_info": info}
 
 
 def _label(config_path_or_dict) -> str:

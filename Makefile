@@ -33,13 +33,9 @@ test-all: test test-slow
 
 # Fit, predict and check every committed reference calibration (models_store/reference/<slug>/),
 # each in a data directory of its own: nothing is measured, the blocking held-out checks gate.
+# The replays run side by side ($$CHECK_REFERENCES_JOBS, default the core count).
 check-references: $(STAMP)
-	@set -e; found=0; for d in models_store/reference/*/; do \
-	  [ -f "$$d/devices.parquet" ] || continue; found=1; slug=$$(basename "$$d"); \
-	  expect=; if [ -f "$$d/expected_check_failures" ]; then \
-	    expect=$$(sed -n 's/^\([a-z_]*\.[a-z_]*\).*/--expect-failing \1/p' "$$d/expected_check_failures"); fi; \
-	  DEVCHAR_HOME="$(DEVCHAR_HOME)/references/$$slug" $(VENV)/bin/devchar run --device "$$slug" --log-level WARNING $$expect; \
-	done; [ $$found = 1 ] || echo "check-references: no committed calibration under models_store/reference/"
+	DEVCHAR=$(VENV)/bin/devchar scripts/check_references.sh
 
 ui: $(STAMP)
 	$(VENV)/bin/devchar ui

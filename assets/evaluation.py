@@ -43,7 +43,7 @@ def mlp_baselines(context: dg.AssetExecutionContext, warehouse: DuckDBWarehouse,
     gemm = hot_rows(warehouse.device_rows("gemm_samples", device, "NOT held_out"))
     util = warehouse.device_rows("utility_samples", device, "NOT held_out")
     spec = warehouse.device_rows("devices", device).iloc[0].to_dict()
-    grid = "full" if device_runner.profile == "full" else "reduced"
+    grid = device_runner.profile if device_runner.profile in ("full", "tiny") else "reduced"
     gheld, uheld, _ = _held(warehouse, device)
     dhash, version, summary = data_hash(gemm), None, []
     for name, cls in BASELINES.items():

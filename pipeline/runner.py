@@ -118,8 +118,13 @@ def run_sweep_tables(sweep: str, device: str = "auto", profile: str = "quick", r
 
         result = sweep_opencl(dev, prof, log, out_dir)
     else:
+        from pipeline.harness import random_pool
+
         module, func = SWEEP_FUNCS[sweep]
-        result = getattr(importlib.import_module(module), func)(dev, prof, log)
+        try:
+            result = getattr(importlib.import_module(module), func)(dev, prof, log)
+        finally:
+            random_pool.release()  # the pools hold the sweep's largest inputs
     # a sweep returns its main table's rows, or {table: rows} when one run fills several
     tables = result if isinstance(result, dict) else {SWEEPS[sweep]: result}
     speed = {"canary_us": (before + _canary(dev, sweep)) / 2} if before else {}

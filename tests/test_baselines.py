@@ -121,3 +121,13 @@ def test_errors_name_the_value(fitted, name):
                 model.predict_gemm(op, dt, 8, 8, 8)
             else:
                 model.predict_utility(op, dt, 8, 8)
+
+
+def test_named_grids_sizes_and_an_unknown_one():
+    from pipeline.predict.mlp import configs
+
+    assert len(configs("full")) == 5 * 4 * 2 * 7  # Table II
+    assert len(configs("reduced")) == 8
+    assert configs("tiny") == [MLPConfig(3, 32, "adam", 1e-2, 20)]  # the tiny profile's smoke test
+    with pytest.raises(ValueError, match="'huge'"):
+        configs("huge")

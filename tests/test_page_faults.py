@@ -98,10 +98,10 @@ def test_the_kept_output_twin_computes_what_the_sweep_timed(op):
 def test_a_cpu_linear_is_timed_bias_free_as_its_captured_gemm_runs():
     """CPU addmm broadcasts a bias in its own aten::copy_, priced apart (copy_bcast): the linear
     table holds the bare x @ W^T, fresh and kept alike (rotated twins: test_cold_weights.py)."""
+    from pipeline.harness.random_pool import randn
     from pipeline.sweeps.gemm import gemm_callable, linear_has_bias
 
-    torch.manual_seed(0)
-    a, w = torch.randn(8, 4), torch.randn(16, 4)
+    a, w = randn(8, 4), randn(16, 4)  # the samples the sweep's inputs are copied from
     for kept in (False, True):
         assert torch.allclose(gemm_callable("linear", "float32", 1, 8, 16, 4, "cpu", kept_output=kept)(), a @ w.t(),
                               atol=1e-5)

@@ -46,7 +46,17 @@ def test_noisy_rows_are_remeasured_once_and_flagged():
     m = measure(erratic, spec)
     assert m.remeasured
     assert m.noisy(spec.cv_threshold)
-    assert state["n"] == 2 * (1 + 9)  # warm-up + reps, twice
+    assert state["n"] == 1 + 9 + 9  # warm-up + reps, then the reps again: the op is warm already
+
+
+def test_an_op_known_warm_skips_the_warm_up():
+    """measure's retry passes the per-call time it just measured: no second warm-up on the CPU."""
+    calls = []
+    spec = TimingSpec(warmup_s=0.0, warmup_min=3, budget_s=0.0, min_reps=2, max_reps=2)
+    measure_once(lambda: calls.append(1), spec, warm_per_call_s=1e-6)
+    assert len(calls) == 2  # warm already: no warm-up calls
+    measure_once(lambda: calls.append(1), spec, warm_per_call_s=None)
+    assert len(calls) == 2 + 3 + 2
 
 
 def test_waiting_for_a_core_is_flagged_as_a_stall():

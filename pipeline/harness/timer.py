@@ -193,10 +193,15 @@ def release_flusher() -> None:
     _FLUSHER.clear()
 
 
-def measure_once(fn: Callable[[], object], spec: TimingSpec, device: str = "cpu", l2_bytes: int = 0) -> Measurement:
+def measure_once(fn: Callable[[], object], spec: TimingSpec, device: str = "cpu", l2_bytes: int = 0,
+                 warm_per_call_s: float | None = None) -> Measurement:
+    """One measurement. `warm_per_call_s` (CPU): fn has just run this long a call, so it is warm
+    and the warm-up is skipped (measure's second attempt: a warm-up is a quarter of the quick
+    GEMM sweep, and the retry only repeats it on an op that ran a moment ago)."""
     flush = kept_flusher(l2_bytes, device) if spec.flush_l2 and l2_bytes > 0 else None
-    per_call = _warmup(fn, spec, _sync_for(device))
-    if device.startswith("cuda"):
+    cuda = device.startswith("cuda")
+    per_call = warm_per_call_s if warm_per_call_s and not cuda else _warmup(fn, spec, _sync_for(device))
+    if cuda:
         from pipeline.harness.cuda_timer import TorchCudaBackend, measure_cuda
 
         times, method = measure_cuda(fn, spec, TorchCudaBackend(), flush)
@@ -218,7 +223,7 @@ def measure(fn: Callable[[], object], spec: TimingSpec, device: str = "cpu", l2_
     first = measure_once(fn, spec, device, l2_bytes)
     if not first.noisy(spec.cv_threshold):
         return first
-    second = measure_once(fn, spec, device, l2_bytes)
+    second = measure_once(fn, spec, device, l2_bytes, warm_per_call_s=first.median_us / 1e6)
     best = second if second.cv < first.cv else first
     best.remeasured = True
     return best

@@ -125,11 +125,13 @@ def _sdpa_callable(backend: str, dtype: str, p: AttentionPoint, device: str):
     import torch
     import torch.nn.functional as F
 
+    from pipeline.harness.random_pool import randn
+
     torch.manual_seed(0)
     kw = dict(dtype=torch_dtype(dtype), device=device)
-    q = torch.randn(p.batch, p.heads, p.seq_q, p.head_dim, **kw)
-    k = torch.randn(p.batch, p.heads, p.seq_kv, p.head_dim, **kw)
-    v = torch.randn(p.batch, p.heads, p.seq_kv, p.head_dim, **kw)
+    q = randn(p.batch, p.heads, p.seq_q, p.head_dim, **kw)
+    k = randn(p.batch, p.heads, p.seq_kv, p.head_dim, **kw)
+    v = randn(p.batch, p.heads, p.seq_kv, p.head_dim, **kw)
     return lambda: F.scaled_dot_product_attention(q, k, v, is_causal=p.causal)
 
 

@@ -161,19 +161,21 @@ def gemm_callable(op: str, dtype: str, b: int, m: int, n: int, k: int, device: s
     time without the page faults of a fresh output, which the allocator's reuse spares a model."""
     import torch
 
+    from pipeline.harness.random_pool import randn
+
     torch.manual_seed(0)
     dt = torch_dtype(dtype)
     kw = dict(dtype=dt, device=device)
     if op == "bmm":
-        a, w = torch.randn(b, m, k, **kw), torch.randn(b, k, n, **kw)
+        a, w = randn(b, m, k, **kw), randn(b, k, n, **kw)
         out = torch.empty(b, m, n, **kw) if kept_output else None
         return lambda: torch.bmm(a, w, out=out)
     if op == "mm":
-        a, w = torch.randn(m, k, **kw), torch.randn(k, n, **kw)
+        a, w = randn(m, k, **kw), randn(k, n, **kw)
         out = torch.empty(m, n, **kw) if kept_output else None
         return lambda: torch.mm(a, w, out=out)
-    a, w = torch.randn(m, k, **kw), torch.randn(n, k, **kw)
-    bias = torch.randn(n, **kw) if linear_has_bias(device) else None
+    a, w = randn(m, k, **kw), randn(n, k, **kw)
+    bias = randn(n, **kw) if linear_has_bias(device) else None
     if kept_output:  # F.linear has no out=; mm / addmm is its computation
         out = torch.empty(m, n, **kw)
         return (lambda: torch.mm(a, w.t(), out=out)) if bias is None else (lambda: torch.addmm(bias, a, w.t(), out=out))

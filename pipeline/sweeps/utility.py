@@ -41,24 +41,26 @@ def _utility_callable(op: str, dtype: str, rows: int, cols: int, device: str):
     import torch
     import torch.nn.functional as F
 
+    from pipeline.harness.random_pool import randn
+
     torch.manual_seed(0)
     kw = dict(dtype=torch_dtype(dtype), device=device)
-    x = torch.randn(rows, cols, **kw)
+    x = randn(rows, cols, **kw)
     if op == "embedding":
-        table = torch.randn(_EMBED_TABLE_ROWS, cols, **kw) if _EMBED_TABLE_ROWS * cols <= 1 << 27 else x
+        table = randn(_EMBED_TABLE_ROWS, cols, **kw) if _EMBED_TABLE_ROWS * cols <= 1 << 27 else x
         idx = torch.randint(0, table.shape[0], (rows,), device=device)
         return lambda: F.embedding(idx, table)
     if op in ("add", "mul"):
-        y = torch.randn(rows, cols, **kw)
+        y = randn(rows, cols, **kw)
         return (lambda: x + y) if op == "add" else (lambda: x * y)
     if op == "copy":  # a transposing copy (a key transposed for q @ k^T): every element strided
-        src = torch.randn(cols, rows, **kw).t()  # a (rows, cols) view; copy_ always moves every element
+        src = randn(cols, rows, **kw).t()  # a (rows, cols) view; copy_ always moves every element
         return lambda: x.copy_(src)
     if op == "copy_rows":  # rows of `cols` contiguous elements at a stride (heads permuted, merged back)
-        src = torch.randn(rows, 2 * cols, **kw)[:, :cols]
+        src = randn(rows, 2 * cols, **kw)[:, :cols]
         return lambda: x.copy_(src)
     if op == "copy_bcast":  # one row repeated (a bias copied into a GEMM's output)
-        src = torch.randn(cols, **kw).expand(rows, cols)
+        src = randn(cols, **kw).expand(rows, cols)
         return lambda: x.copy_(src)
     w, b = torch.ones(cols, **kw), torch.zeros(cols, **kw)
     table = {

@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Fit, predict and check every committed reference calibration (models_store/reference/<slug>/),
+# each in a data directory of its own: nothing is measured, the blocking held-out checks gate.
+# A reference that lists known failures in `expected_check_failures` passes only while exactly
+# those checks fail (devchar run --expect-failing).
+#
+# The replays measure nothing, so they share the cores: $CHECK_REFERENCES_JOBS at a time
+# (default: the core count). Each one's output is kept in a log and printed whole once it ends.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+: "${DEVCHAR_HOME:?set DEVCHAR_HOME (make check-references does)}"
+DEVCHAR=${DEVCHAR:-.venv/bin/devchar}
+JOBS=${CHECK_REFERENCES_JOBS:-$(nproc 2>/dev/null || echo 1)}
+REFERENCES=${REFERENCES:-models_store/reference}
+LOGS="$DEVCHAR_HOME/references/logs"
+mkdir -p "$LOGS"
+
+replay() {  # replay DIR: one reference, its output to $LOGS/<slug>.log, its exit status to .rc
+  local dir=$1 slug expect=()
+  slug=$(basename "$dir")
+  if [ -f "$dir/expected_check_failures" ]; then
+    while read -r check; do expect+=(--expect-failing "$check"); done < <(
+      sed -n 's/^\([a-z_]*\.[a-z_]*\).*/\1/p' "$dir/expected_check_failures")
+  fi
+  local start=$SECONDS
+  DEVCHAR_HOME="$DEVCHAR_HOME/references/$slug" "$DEVCHAR" run --device "$slug" --log-level WARNING \
+    "${expect[@]}" > "$LOGS/$slug.log" 2>&1
+  echo $? > "$LOGS/$slug.rc"
+  echo "check-references: $slug exit $(cat "$LOGS/$slug.rc") in $((SECONDS - start)) s"
+}
+export -f replay
+export DEVCHAR LOGS
+
+dirs=()
+for d in "$REFERENCES"/*/; do
+  [ -f "$d/devices.parquet" ] && dirs+=("${d%/}")
+done
+if [ ${#dirs[@]} -eq 0 ]; then
+  echo "check-references: no committed calibration under $REFERENCES/"
+  exit 0
+fi
+rm -f "$LOGS"/*.log "$LOGS"/*.rc
+printf '%s\n' "${dirs[@]}" | xargs -P "$JOBS" -I{} bash -c 'replay "$1"' _ {}
+
+failed=()
+for d in "${dirs[@]}"; do
+  slug=$(basename "$d")
+  echo "=== $slug ==="
+  cat "$LOGS/$slug.log"
+  [ "$(cat "$LOGS/$slug.rc" 2>/dev/null)" = 0 ] || failed+=("$slug")
+done
+if [ ${#failed[@]} -gt 0 ]; then
+  echo "check-references: FAILED: ${failed[*]} (logs under $LOGS)"
+  exit 1
+fi
+echo "check-references: all ${#dirs[@]} calibrations passed"

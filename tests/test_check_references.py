@@ -1,0 +1,52 @@
+"""scripts/check_references.sh: every reference replayed in its own home, known failures passed
+on, one failure fails the whole, each log printed whole (a stand-in `devchar` records its calls)."""
+import os
+import subprocess
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "check_references.sh"
+
+FAKE = """#!/usr/bin/env bash
+echo "home=$DEVCHAR_HOME args=$*"
+case "$*" in *cpu-bad*) exit 2;; esac
+"""
+
+
+def _run(tmp_path, slugs, expected=None):
+    refs = tmp_path / "reference"
+    for slug in slugs:
+        (refs / slug).mkdir(parents=True)
+        (refs / slug / "devices.parquet").write_bytes(b"")
+    (refs / "no-devices-row").mkdir()  # not a calibration: skipped
+    if expected:
+        (refs / slugs[0] / "expected_check_failures").write_text(expected)
+    fake = tmp_path / "devchar"
+    fake.write_text(FAKE)
+    fake.chmod(0o755)
+    env = {**os.environ, "DEVCHAR_HOME": str(tmp_path / "home"), "DEVCHAR": str(fake), "REFERENCES": str(refs),
+           "CHECK_REFERENCES_JOBS": "2"}
+    return subprocess.run(["bash", str(SCRIPT)], env=env, capture_output=True, text=True)
+
+
+def test_each_reference_is_replayed_in_its_own_home_with_its_known_failures(tmp_path):
+    out = _run(tmp_path, ["cpu-a", "cpu-b"], "utility_model.heldout_error  # copy_bcast bf16, 51.5 %\n")
+    assert out.returncode == 0, out.stdout + out.stderr
+    home = tmp_path / "home" / "references"
+    assert f"home={home}/cpu-a args=run --device cpu-a --log-level WARNING --expect-failing " \
+           "utility_model.heldout_error" in out.stdout
+    assert f"home={home}/cpu-b args=run --device cpu-b --log-level WARNING\n" in out.stdout
+    assert "no-devices-row" not in out.stdout
+    assert "all 2 calibrations passed" in out.stdout
+
+
+def test_one_failing_reference_fails_the_check_and_is_named(tmp_path):
+    out = _run(tmp_path, ["cpu-a", "cpu-bad"])
+    assert out.returncode == 1
+    assert "FAILED: cpu-bad" in out.stdout and "=== cpu-a ===" in out.stdout
+
+
+def test_no_reference_is_not_a_failure(tmp_path):
+    (tmp_path / "reference").mkdir()
+    env = {**os.environ, "DEVCHAR_HOME": str(tmp_path), "REFERENCES": str(tmp_path / "reference")}
+    out = subprocess.run(["bash", str(SCRIPT)], env=env, capture_output=True, text=True)
+    assert out.returncode == 0 and "no committed calibration" in out.stdout

@@ -30,6 +30,11 @@ replay() {  # replay DIR: one reference, its output to $LOGS/<slug>.log, its exi
 }
 export -f replay
 export DEVCHAR LOGS
+if [ "$JOBS" -gt 1 ]; then
+  # replays side by side each keep to one thread: two that each spin up a thread per core
+  # (torch's and BLAS's pools) took longer together on the 2-core VM than one after the other
+  export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
+fi
 
 dirs=()
 for d in "$REFERENCES"/*/; do

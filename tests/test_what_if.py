@@ -42,3 +42,13 @@ def test_fuse_embedding_bags(dlrm_captures, flat):
     assert len(fused.top_level()) < len(graph.top_level())
     with pytest.raises(ValueError, match="nothing to fuse"):
         fuse_embedding_bags(fused, shapes, scalars)
+
+
+def test_returned_sizes_scale_with_the_batch_tensor_by_tensor():
+    from pipeline.predict.what_if import returned_at_batch
+
+    # logits of 4 x 1000 float32 per sample, and a scalar loss that does not grow
+    assert returned_at_batch([16_000, 4], [32_000, 4], 1, 2, 8) == [128_000, 4]
+    assert returned_at_batch([16_000], [32_000, 4], 1, 2, 8) == [16_000]  # not aligned: as captured
+    assert returned_at_batch([16_001], [32_000], 2, 4, 8) == [16_001]  # not affine in the batch: as captured
+    assert returned_at_batch([], [], 1, 2, 8) == []

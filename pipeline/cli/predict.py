@@ -106,7 +106,7 @@ def cmd_what_if(args) -> int:
     """Transform a captured graph (batch size, fused embedding lookups) and predict it unrun."""
     from pipeline.core.errors import BadShapeError
     from pipeline.predict import graph_predict as gp
-    from pipeline.predict.what_if import fuse_embedding_bags, with_batch
+    from pipeline.predict.what_if import fuse_embedding_bags, returned_at_batch, with_batch
 
     if args.new_batch is not None:  # 0 or a negative batch is an error, not "not given"
         check_dims(new_batch=args.new_batch)
@@ -137,10 +137,11 @@ def cmd_what_if(args) -> int:
             _print_breakdown(gp.op_breakdown(got["coverage"]))
         return got
 
-    # a captured graph's step frees what it returned (graph_predict.output_free_us); a transformed
-    # one's outputs are not known, so its lines price the ops and host time alone
+    # a step frees what it returned (graph_predict.output_free_us): a batch what-if scales the
+    # returned sizes as it scales shapes; fused lookups return what the captured step did
+    returned = gp.returned_of(row["graph_json"])
     show(f"{args.config} batch={args.batch} as captured", graph, shapes, scalars, args.breakdown,
-         freed=gp.output_free_us(gp.returned_of(row["graph_json"]), free))
+         freed=gp.output_free_us(returned, free))
     label = f"{args.config}"
     if args.new_batch is not None:
         # the second point: another captured batch, not the target itself (so a target that was
@@ -152,15 +153,19 @@ def cmd_what_if(args) -> int:
             raise BadShapeError(f"{args.config!r} was captured at one batch size only; a batch what-if needs two")
         og, oshapes, _, _ = gp.load_graph(by_batch[other]["graph_json"])
         shapes, report = with_batch(graph, shapes, args.batch, oshapes, og, other, args.new_batch)
+        returned = returned_at_batch(returned, gp.returned_of(by_batch[other]["graph_json"]), args.batch, other,
+                                     args.new_batch)
         label += f" batch={args.new_batch} (shapes solved from batches {args.batch} and {other}; " \
                  f"{report['unaligned_ops']} ops unaligned)"
     if args.fuse_embeddings:
         graph, shapes, scalars = fuse_embedding_bags(graph, shapes, scalars)
         label += " with one batched EmbeddingBag"
-    got = show(label, graph, shapes, scalars)
+    got = show(label, graph, shapes, scalars, freed=gp.output_free_us(returned, free))
     if args.new_batch in by_batch and not args.fuse_embeddings:
-        g2, s2, c2, t2 = gp.load_graph(by_batch[args.new_batch]["graph_json"])
-        show(f"  check: the graph captured at batch={args.new_batch} (no output free, as above)", g2, s2, c2, st=t2)
+        captured = by_batch[args.new_batch]["graph_json"]
+        g2, s2, c2, t2 = gp.load_graph(captured)
+        show(f"  check: the graph captured at batch={args.new_batch}", g2, s2, c2, st=t2,
+             freed=gp.output_free_us(gp.returned_of(captured), free))
     if args.measure:
         m = _measure_what_if(args.config, args.batch if args.new_batch is None else args.new_batch, args.fuse_embeddings)
         best = got.get("e2e_shared", got["kernel_only"])

@@ -66,6 +66,16 @@ def with_batch(graph: ExecutionGraph, shapes: dict, batch: int, other_shapes: di
     return new, {"aligned_ops": aligned, "unaligned_ops": len(a) - aligned}
 
 
+def returned_at_batch(returned: list[int], other_returned: list[int], batch: int, other_batch: int,
+                      new_batch: int) -> list[int]:
+    """Bytes of each tensor the step returns (its output free, graph_predict.output_free_us) at
+    `new_batch`: affine in the batch through the two captures, tensor by tensor, as with_batch
+    solves shapes; as captured where the two lists differ in length or a size is not affine."""
+    if len(returned) != len(other_returned) or batch == other_batch:
+        return list(returned)
+    return [int(v) for v in _scale(list(returned), list(other_returned), batch, other_batch, new_batch)]
+
+
 def fuse_embedding_bags(graph: ExecutionGraph, shapes: dict, scalars: dict) -> tuple[ExecutionGraph, dict, dict]:
     """One batched lookup over the concatenated table in place of T per-table ones (Fig. 11).
 

@@ -74,3 +74,20 @@ def test_waiting_for_a_core_is_flagged_as_a_stall():
     working = measure_once(busy, spec)
     assert not working.stalled and working.cpu_util > 0.5
     assert working.row()["stalled"] is False
+
+
+def test_a_step_counts_the_pages_it_faults_in():
+    import mmap
+
+    def fresh_pages():  # an anonymous mapping is fresh every call: each page written faults once
+        m = mmap.mmap(-1, 64 * 4096)
+        for i in range(64):
+            m[i * 4096] = 1
+        m.close()
+
+    from pipeline.harness.timer import measure_step
+
+    m = measure_step(fresh_pages, TimingSpec.fixed(warmup=1, reps=5))
+    assert 60 <= m.faults_per_call <= 80
+    assert measure_step(lambda: None, TimingSpec.fixed(warmup=1, reps=5)).faults_per_call < 5
+    assert "faults_per_call" in m.row()

@@ -27,6 +27,8 @@ def sweep_workloads(dev: DeviceIdentity, profile: Profile, log=None, dtype: str 
             extra = {}
         rows.append({"workload": e.workload, "config": e.config, **extra, "batch": e.batch, "seq": e.seq,
                      "mode": e.mode, "dtype": dtype, "measured_ms": m.median_us / 1e3, "p20_ms": m.p20_us / 1e3,
-                     "p80_ms": m.p80_us / 1e3, "cv": m.cv, "reps": m.reps})
-        prog.step(f"{e.workload} {e.config} b={e.batch} s={e.seq} {m.median_us / 1e3:.1f} ms")
+                     "p80_ms": m.p80_us / 1e3, "cv": m.cv, "reps": m.reps,
+                     **({"faults_per_step": m.faults_per_call} if m.faults_per_call == m.faults_per_call else {})})
+        faults = f", {m.faults_per_call:.0f} page faults a step" if m.faults_per_call == m.faults_per_call else ""
+        prog.step(f"{e.workload} {e.config} b={e.batch} s={e.seq} {m.median_us / 1e3:.1f} ms{faults}")
     return rows

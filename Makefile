@@ -33,7 +33,7 @@ test-all: test test-slow
 
 # Fit, predict and check every committed reference calibration (models_store/reference/<slug>/),
 # each in a data directory of its own: nothing is measured, the blocking held-out checks gate.
-# The replays run side by side ($$CHECK_REFERENCES_JOBS, default the core count).
+# The replays run side by side ($CHECK_REFERENCES_JOBS at a time, default the core count).
 check-references: $(STAMP)
 	DEVCHAR=$(VENV)/bin/devchar scripts/check_references.sh
 

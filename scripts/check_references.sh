@@ -11,6 +11,10 @@ cd "$(dirname "$0")/.."
 : "${DEVCHAR_HOME:?set DEVCHAR_HOME (make check-references does)}"
 DEVCHAR=${DEVCHAR:-.venv/bin/devchar}
 JOBS=${CHECK_REFERENCES_JOBS:-$(nproc 2>/dev/null || echo 1)}
+if ! [[ $JOBS =~ ^[1-9][0-9]*$ ]]; then
+  echo "check-references: CHECK_REFERENCES_JOBS must be a whole number >= 1, not '$JOBS'" >&2
+  exit 2
+fi
 REFERENCES=${REFERENCES:-models_store/reference}
 LOGS="$DEVCHAR_HOME/references/logs"
 mkdir -p "$LOGS"
@@ -19,22 +23,18 @@ replay() {  # replay DIR: one reference, its output to $LOGS/<slug>.log, its exi
   local dir=$1 slug expect=()
   slug=$(basename "$dir")
   if [ -f "$dir/expected_check_failures" ]; then
-    while read -r check; do expect+=(--expect-failing "$check"); done < <(
+    # `|| [ -n ... ]`: a last line without its newline still counts
+    while read -r check || [ -n "$check" ]; do expect+=(--expect-failing "$check"); done < <(
       sed -n 's/^\([a-z_]*\.[a-z_]*\).*/\1/p' "$dir/expected_check_failures")
   fi
   local start=$SECONDS
   DEVCHAR_HOME="$DEVCHAR_HOME/references/$slug" "$DEVCHAR" run --device "$slug" --log-level WARNING \
-    "${expect[@]}" > "$LOGS/$slug.log" 2>&1
+    ${expect[@]+"${expect[@]}"} > "$LOGS/$slug.log" 2>&1
   echo $? > "$LOGS/$slug.rc"
   echo "check-references: $slug exit $(cat "$LOGS/$slug.rc") in $((SECONDS - start)) s"
 }
 export -f replay
 export DEVCHAR LOGS
-if [ "$JOBS" -gt 1 ]; then
-  # replays side by side each keep to one thread: two that each spin up a thread per core
-  # (torch's and BLAS's pools) took longer together on the 2-core VM than one after the other
-  export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
-fi
 
 dirs=()
 for d in "$REFERENCES"/*/; do
@@ -44,8 +44,18 @@ if [ ${#dirs[@]} -eq 0 ]; then
   echo "check-references: no committed calibration under $REFERENCES/"
   exit 0
 fi
+if ! command -v "$DEVCHAR" > /dev/null; then
+  echo "check-references: no devchar at '$DEVCHAR' (make check-references installs the venv first)" >&2
+  exit 2
+fi
+[ "$JOBS" -le "${#dirs[@]}" ] || JOBS=${#dirs[@]}
+if [ "$JOBS" -gt 1 ]; then
+  # replays side by side each keep to one thread: two that each spin up a thread per core
+  # (torch's and BLAS's pools) took longer together on the 2-core VM than one after the other
+  export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
+fi
 rm -f "$LOGS"/*.log "$LOGS"/*.rc
-printf '%s\n' "${dirs[@]}" | xargs -P "$JOBS" -I{} bash -c 'replay "$1"' _ {}
+printf '%s\0' "${dirs[@]}" | xargs -0 -n 1 -P "$JOBS" bash -c 'replay "$1"' _
 
 failed=()
 for d in "${dirs[@]}"; do

@@ -50,3 +50,22 @@ def test_no_reference_is_not_a_failure(tmp_path):
     env = {**os.environ, "DEVCHAR_HOME": str(tmp_path), "REFERENCES": str(tmp_path / "reference")}
     out = subprocess.run(["bash", str(SCRIPT)], env=env, capture_output=True, text=True)
     assert out.returncode == 0 and "no committed calibration" in out.stdout
+
+
+def test_a_known_failure_on_a_last_line_without_its_newline_still_counts(tmp_path):
+    out = _run(tmp_path, ["cpu-a"], "attention_model.heldout_error\nutility_model.heldout_error")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "--expect-failing attention_model.heldout_error --expect-failing utility_model.heldout_error" in out.stdout
+
+
+def test_a_bad_job_count_or_a_missing_devchar_is_one_clear_error(tmp_path):
+    refs = tmp_path / "reference" / "cpu-a"
+    refs.mkdir(parents=True)
+    (refs / "devices.parquet").write_bytes(b"")
+    env = {**os.environ, "DEVCHAR_HOME": str(tmp_path), "REFERENCES": str(tmp_path / "reference")}
+    bad_jobs = subprocess.run(["bash", str(SCRIPT)], env={**env, "CHECK_REFERENCES_JOBS": "0"},
+                              capture_output=True, text=True)
+    assert bad_jobs.returncode == 2 and "'0'" in bad_jobs.stderr
+    no_devchar = subprocess.run(["bash", str(SCRIPT)], env={**env, "DEVCHAR": str(tmp_path / "nowhere")},
+                                capture_output=True, text=True)
+    assert no_devchar.returncode == 2 and "no devchar" in no_devchar.stderr

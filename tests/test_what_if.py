@@ -51,4 +51,5 @@ def test_returned_sizes_scale_with_the_batch_tensor_by_tensor():
     assert returned_at_batch([16_000, 4], [32_000, 4], 1, 2, 8) == [128_000, 4]
     assert returned_at_batch([16_000], [32_000, 4], 1, 2, 8) == [16_000]  # not aligned: as captured
     assert returned_at_batch([16_001], [32_000], 2, 4, 8) == [16_001]  # not affine in the batch: as captured
+    assert returned_at_batch([16_001, 40], [32_000, 80], 2, 4, 8) == [16_001, 160]  # each size on its own
     assert returned_at_batch([], [], 1, 2, 8) == []

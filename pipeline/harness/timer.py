@@ -63,6 +63,9 @@ class Measurement:
     # CPU only: minor page faults per call over the timed repetitions (a fresh output above the
     # allocator's mmap threshold faults in every page; harness/page_faults.py)
     faults_per_call: float = float("nan")
+    # CPU: seconds a call took in the warm-up (hot, unflushed): what a retry sizes its blocks
+    # and repetitions by, as the first attempt did (not in the row)
+    per_call_s: float = float("nan")
 
     @property
     def stalled(self) -> bool:
@@ -211,7 +214,8 @@ def measure_once(fn: Callable[[], object], spec: TimingSpec, device: str = "cpu"
     wall0, cpu0, faults0 = time.perf_counter(), time.process_time(), minor_faults()
     times = _time_cpu(fn, reps, flush, inner)
     util = (time.process_time() - cpu0) / max(time.perf_counter() - wall0, 1e-9)
-    return Measurement(times_us=times, cpu_util=util, faults_per_call=(minor_faults() - faults0) / (reps * inner))
+    return Measurement(times_us=times, cpu_util=util, faults_per_call=(minor_faults() - faults0) / (reps * inner),
+                       per_call_s=per_call)
 
 
 def measure(fn: Callable[[], object], spec: TimingSpec, device: str = "cpu", l2_bytes: int = 0) -> Measurement:
@@ -223,7 +227,8 @@ def measure(fn: Callable[[], object], spec: TimingSpec, device: str = "cpu", l2_
     first = measure_once(fn, spec, device, l2_bytes)
     if not first.noisy(spec.cv_threshold):
         return first
-    second = measure_once(fn, spec, device, l2_bytes, warm_per_call_s=first.median_us / 1e6)
+    warm = first.per_call_s if math.isfinite(first.per_call_s) else None
+    second = measure_once(fn, spec, device, l2_bytes, warm_per_call_s=warm)
     best = second if second.cv < first.cv else first
     best.remeasured = True
     return best

@@ -258,8 +258,7 @@ class GemmModel:
             slots = int(g["slots"].iloc[0])
             g = g.assign(thr=2.0 * g["waves"] * slots * tm * tn * g["k"] / (split_k * g["median_us"]))
             grid = g.pivot_table(index="waves", columns="k", values="thr", aggfunc="median").sort_index()
-            # a wave row where only another kernel (or thread regime) ran has nothing of this one's
-            grid = grid.sort_index(axis=1).dropna(how="all")
+            grid = grid.sort_index(axis=1)
             ks = grid.columns.to_numpy(float)
             table = GemmTable(op, dtype, str(kernel), tm, tn, slots, grid.index.to_numpy(float), ks,
                               fill_capped(grid.to_numpy(float), ks), split_k)

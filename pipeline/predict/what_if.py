@@ -69,11 +69,16 @@ def with_batch(graph: ExecutionGraph, shapes: dict, batch: int, other_shapes: di
 def returned_at_batch(returned: list[int], other_returned: list[int], batch: int, other_batch: int,
                       new_batch: int) -> list[int]:
     """Bytes of each tensor the step returns (its output free, graph_predict.output_free_us) at
-    `new_batch`: affine in the batch through the two captures, tensor by tensor, as with_batch
-    solves shapes; as captured where the two lists differ in length or a size is not affine."""
+    `new_batch`: affine in the batch through the two captures, as with_batch solves shapes. The
+    capture lists sizes largest first, so tensors pair by rank. A size that is not affine in the
+    batch stays as captured, and so does the whole list where the two differ in length."""
     if len(returned) != len(other_returned) or batch == other_batch:
         return list(returned)
-    return [int(v) for v in _scale(list(returned), list(other_returned), batch, other_batch, new_batch)]
+    out = []
+    for v1, v2 in zip(returned, other_returned):
+        ac = _affine(int(v1), int(v2), batch, other_batch)
+        out.append(int(v1) if ac is None else max(ac[0] * new_batch + ac[1], 0))
+    return out
 
 
 def fuse_embedding_bags(graph: ExecutionGraph, shapes: dict, scalars: dict) -> tuple[ExecutionGraph, dict, dict]:

@@ -2,6 +2,8 @@
 (PM2Lat's protocol: 5 warm-up, 25 timed, median), one build per (config, batch)."""
 from __future__ import annotations
 
+import math
+
 from pipeline.device.discover import DeviceIdentity
 from pipeline.harness.progress import Progress
 from pipeline.sweeps.profiles import Profile
@@ -25,10 +27,11 @@ def sweep_workloads(dev: DeviceIdentity, profile: Profile, log=None, dtype: str 
             m = measure_training_step(e.spec, e.batch, dev.torch_device, profile.workload_warmup,
                                       profile.workload_reps)
             extra = {}
+        counted = math.isfinite(m.faults_per_call)  # NaN on CUDA: no host page faults counted
         rows.append({"workload": e.workload, "config": e.config, **extra, "batch": e.batch, "seq": e.seq,
                      "mode": e.mode, "dtype": dtype, "measured_ms": m.median_us / 1e3, "p20_ms": m.p20_us / 1e3,
                      "p80_ms": m.p80_us / 1e3, "cv": m.cv, "reps": m.reps,
-                     **({"faults_per_step": m.faults_per_call} if m.faults_per_call == m.faults_per_call else {})})
-        faults = f", {m.faults_per_call:.0f} page faults a step" if m.faults_per_call == m.faults_per_call else ""
+                     **({"faults_per_step": m.faults_per_call} if counted else {})})
+        faults = f", {m.faults_per_call:.0f} page faults a step" if counted else ""
         prog.step(f"{e.workload} {e.config} b={e.batch} s={e.seq} {m.median_us / 1e3:.1f} ms{faults}")
     return rows

@@ -37,6 +37,25 @@ def test_interpolation_matches_eq_2_by_hand():
     assert t.predict_us(32, 64, 96, 1) == pytest.approx(flops / 250.0)
 
 
+def test_a_shape_between_two_rows_at_the_latency_floor_is_priced_at_the_floor():
+    # both rows take the same time at each K: their throughputs are 4x apart, and a straight line
+    # between the throughputs would price 2 waves at 2 / 2.5 of that time
+    t = _table([[100.0, 200.0, 400.0], [400.0, 800.0, 1600.0]])
+    for k in (32, 48, 96):
+        floor = t.predict_us(32, 64, k, 1)  # 1 wave
+        assert t.predict_us(64, 64, k, 1) == pytest.approx(floor)  # 2 waves
+        assert t.predict_us(64, 128, k, 1) == pytest.approx(floor)  # 4 waves
+
+
+def test_a_small_row_slower_than_a_larger_one_takes_the_larger_ones_time():
+    from pipeline.predict.gemm_grids import no_faster_with_more_waves
+
+    w, ks = np.array([1.0, 4.0, 16.0]), np.array([32.0, 64.0])
+    dur = np.array([[30.0, 30.0], [20.0, 25.0], [22.0, 24.0]])
+    out = w[:, None] * ks / no_faster_with_more_waves(w[:, None] * ks / dur, w, ks)
+    np.testing.assert_allclose(out, [[20.0, 24.0], [20.0, 24.0], [22.0, 24.0]])
+
+
 def test_beyond_the_grid_eq_1_and_small_k_floor():
     t = _table([[100.0, 200.0, 300.0], [400.0, 600.0, 800.0]])
     # beyond K = 128 throughput is held, so time grows linearly with K (eq. 1)

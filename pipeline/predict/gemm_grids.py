@@ -84,6 +84,17 @@ def relative_to_square(grid: pd.DataFrame, one_wave: float = 0.0) -> np.ndarray:
     return out
 
 
+def no_faster_with_more_waves(thr: np.ndarray, waves: np.ndarray, ks: np.ndarray) -> np.ndarray:
+    """The (waves x K) throughput table with its duration made non-decreasing in waves at each K:
+    a cell that ran longer than a larger problem of the same K (a smaller output with the same
+    reduction) is given that larger one's time. At the latency floor whole-wave rows differ by
+    noise, and one slow small row (EPYC VM, linear bf16: 35.6 us at 1 wave, 21.8 at 4, 17.5 at
+    16) would otherwise price every shape below it slower than shapes many times its size."""
+    dur = waves[:, None] * ks[None, :] / thr  # up to a constant factor, which cancels
+    dur = np.fmin.accumulate(dur[::-1], axis=0)[::-1]
+    return waves[:, None] * ks[None, :] / dur
+
+
 def fill_capped(thr: np.ndarray, ks: np.ndarray) -> np.ndarray:
     """Fill the cells of a kernel's (waves x K) table that were not measured: large-K cells
     the sweep's FLOP cap skipped, and cells where another kernel ran instead.

@@ -28,6 +28,9 @@ class Profile:
     stall_wait_s: float = 60.0  # after a sweep, how long to wait for a quiet machine to re-measure stalled rows
     workload_warmup: int = 5
     workload_reps: int = 25
+    # CPU: each workload step timed in a process of its own (workloads/isolated.py), as a user's
+    # process runs its one model; the tiny profile's toy models skip the interpreter start
+    workloads_in_own_process: bool = True
     # DLRM training steps (workload_runs, mode "train") and the traces of every workload
     dlrm_configs: str = "quick"  # DLRM config set (workloads/dlrm.py)
     dlrm_batches: tuple[int, ...] = (32, 128, 512)
@@ -108,7 +111,7 @@ PROFILES = {
         utility_heldout_per_op=2, gemm_timing=TimingSpec(warmup_s=0.0, budget_s=0.005, min_reps=3, max_reps=20),
         utility_timing=TimingSpec(warmup_s=0.0, budget_s=0.005, min_reps=3, max_reps=20),
         workload_configs="tiny", workload_batches=(1, 2), workload_seqs=(16,), workload_warmup=1, workload_reps=3,
-        stall_wait_s=2.0,
+        workloads_in_own_process=False, stall_wait_s=2.0,
         dlrm_configs="tiny", dlrm_batches=(4, 8), trace_warmup=1, reference_shapes_per_source=2,
         attention_max_seq=64, attention_max_batch=2, attention_max_point_flops=1e7, attention_heldout=2,
         attention_timing=TimingSpec(warmup_s=0.0, budget_s=0.002, min_reps=3, max_reps=10),

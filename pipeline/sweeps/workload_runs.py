@@ -1,5 +1,7 @@
 """workload_runs: real measured steps — GPT-2-family forward passes and DLRM training steps
-(PM2Lat's protocol: 5 warm-up, 25 timed, median), one build per (config, batch)."""
+(PM2Lat's protocol: 5 warm-up, 25 timed, median), one build per (config, batch); on the CPU
+each in a process of its own (workloads/isolated.py: the allocator state of the workloads
+before it would move its step's page faults)."""
 from __future__ import annotations
 
 import math
@@ -11,22 +13,27 @@ from pipeline.sweeps.catalog import workload_entries
 
 
 def sweep_workloads(dev: DeviceIdentity, profile: Profile, log=None, dtype: str = "float32") -> list[dict]:
+    import torch
+
     from pipeline.workloads.dlrm_run import measure_training_step
     from pipeline.workloads.gpt2_run import measure_forward
+    from pipeline.workloads.isolated import measure_in_child
 
     todo = workload_entries(profile, evaluated_only=True)
     prog = Progress("workload_runs", len(todo), log)
     rows = []
     for e in todo:
-        if e.workload == "gpt2":
+        if dev.kind == "cpu" and profile.workloads_in_own_process:
+            m = measure_in_child(e.workload, e.spec, e.batch, e.seq, dtype, torch.get_num_threads(),
+                                 profile.workload_warmup, profile.workload_reps)
+        elif e.workload == "gpt2":
             m = measure_forward(e.spec, e.batch, e.seq, dtype, dev.torch_device, profile.workload_warmup,
                                 profile.workload_reps)
-            extra = {"n_layer": e.spec.n_layer, "n_embd": e.spec.n_embd, "n_head": e.spec.n_head,
-                     "vocab_size": e.spec.vocab_size}
         else:
             m = measure_training_step(e.spec, e.batch, dev.torch_device, profile.workload_warmup,
                                       profile.workload_reps)
-            extra = {}
+        extra = {"n_layer": e.spec.n_layer, "n_embd": e.spec.n_embd, "n_head": e.spec.n_head,
+                 "vocab_size": e.spec.vocab_size} if e.workload == "gpt2" else {}
         counted = math.isfinite(m.faults_per_call)  # NaN on CUDA: no host page faults counted
         rows.append({"workload": e.workload, "config": e.config, **extra, "batch": e.batch, "seq": e.seq,
                      "mode": e.mode, "dtype": dtype, "measured_ms": m.median_us / 1e3, "p20_ms": m.p20_us / 1e3,

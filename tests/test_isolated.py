@@ -1,0 +1,56 @@
+"""Workload steps timed in a process of their own (CPU)."""
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from pipeline.core.errors import DevcharError
+from pipeline.device.discover import identify
+from pipeline.harness.timer import Measurement
+from pipeline.sweeps.profiles import get_profile
+from pipeline.workloads.dlrm import TINY_CONFIGS
+from pipeline.workloads.isolated import _spec, measure_in_child
+
+
+def test_a_step_is_timed_in_a_child_with_the_protocol_asked_for():
+    m = measure_in_child("dlrm", TINY_CONFIGS[0], 4, 0, "float32", threads=1, warmup=1, reps=3)
+    assert m.reps == 3 and (m.times_us > 0).all()
+    assert np.isfinite(m.faults_per_call) and np.isfinite(m.cpu_util)
+
+
+def test_a_failing_or_hanging_child_names_the_workload():
+    with pytest.raises(DevcharError, match=r"dlrm dlrm-tiny batch=0 .*batch=0 must be positive"):
+        measure_in_child("dlrm", TINY_CONFIGS[0], 0, 0, "float32", threads=1, warmup=1, reps=3)
+    with pytest.raises(DevcharError, match=r"dlrm dlrm-tiny batch=4 .*no answer in"):
+        measure_in_child("dlrm", TINY_CONFIGS[0], 4, 0, "float32", threads=1, warmup=1, reps=3, timeout_s=0.05)
+    with pytest.raises(DevcharError, match="unknown workload 'bert'"):
+        _spec("bert", {})
+
+
+def test_specs_survive_the_trip_through_json():
+    import dataclasses
+    import json
+
+    spec = TINY_CONFIGS[0]
+    assert _spec("dlrm", json.loads(json.dumps(dataclasses.asdict(spec)))) == spec
+
+
+@pytest.mark.parametrize("own_process", [True, False])
+def test_the_cpu_sweep_measures_in_a_child_when_the_profile_says_so(monkeypatch, own_process):
+    from pipeline.sweeps import workload_runs
+    from pipeline.workloads import isolated
+
+    children = []
+
+    def fake_child(workload, spec, batch, seq, *args, **kw):
+        children.append((workload, spec.name, batch, seq))
+        return Measurement(np.array([1000.0, 1100.0, 1200.0]), faults_per_call=0.0)
+
+    monkeypatch.setattr(isolated, "measure_in_child", fake_child)
+    profile = replace(get_profile("tiny"), workloads_in_own_process=own_process)
+    rows = workload_runs.sweep_workloads(identify("cpu"), profile)
+    assert len(rows) == 4 and all(r["measured_ms"] > 0 for r in rows)
+    assert len(children) == (4 if own_process else 0)
+    if own_process:
+        assert all(r["measured_ms"] == pytest.approx(1.1) for r in rows)
+        assert {r["n_layer"] for r in rows if r["workload"] == "gpt2"} == {2}

@@ -18,6 +18,21 @@ def test_a_step_is_timed_in_a_child_with_the_protocol_asked_for():
     assert np.isfinite(m.faults_per_call) and np.isfinite(m.cpu_util)
 
 
+def test_the_child_states_its_allocator():
+    """A DDP-shaped step at batch 512 frees and re-allocates blocks of ~0.1-2 MB: above glibc's
+    starting mmap threshold (128 KiB), under the 31 MiB block the adapted child frees first. Page
+    fault counts, not times: glibc maps those blocks afresh every step only in the fresh child."""
+    from pipeline.workloads.dlrm import QUICK_CONFIGS
+
+    ddp = next(s for s in QUICK_CONFIGS if s.name.startswith("dlrm_ddp"))
+    adapted = measure_in_child("dlrm", ddp, 512, 0, "float32", threads=1, warmup=3, reps=5)
+    fresh = measure_in_child("dlrm", ddp, 512, 0, "float32", threads=1, warmup=3, reps=5, allocator="fresh")
+    assert fresh.faults_per_call > 10 * max(adapted.faults_per_call, 10.0), (fresh.faults_per_call,
+                                                                            adapted.faults_per_call)
+    with pytest.raises(DevcharError, match="unknown allocator state 'warm'"):
+        measure_in_child("dlrm", ddp, 512, 0, "float32", threads=1, warmup=3, reps=5, allocator="warm")
+
+
 def test_a_failing_or_hanging_child_names_the_workload():
     with pytest.raises(DevcharError, match=r"dlrm dlrm-tiny batch=0 .*batch=0 must be positive"):
         measure_in_child("dlrm", TINY_CONFIGS[0], 0, 0, "float32", threads=1, warmup=1, reps=3)

@@ -69,3 +69,12 @@ def test_the_cpu_sweep_measures_in_a_child_when_the_profile_says_so(monkeypatch,
     if own_process:
         assert all(r["measured_ms"] == pytest.approx(1.1) for r in rows)
         assert {r["n_layer"] for r in rows if r["workload"] == "gpt2"} == {2}
+
+
+@pytest.mark.parametrize("stdout", ["", "warming up\n", "null\n", '{"times_us": [1.0]}\n'])
+def test_a_child_without_a_result_line_names_the_workload(monkeypatch, stdout):
+    import subprocess
+
+    monkeypatch.setattr(subprocess, "run", lambda args, **kw: subprocess.CompletedProcess(args, 0, stdout, ""))
+    with pytest.raises(DevcharError, match="dlrm dlrm-tiny batch=4 .*no result line"):
+        measure_in_child("dlrm", TINY_CONFIGS[0], 4, 0, "float32", threads=1, warmup=1, reps=3)

@@ -31,9 +31,10 @@ import numpy as np
 from pipeline.core.errors import DevcharError
 from pipeline.harness.timer import Measurement
 
-# A step of the full profile's largest workload runs seconds; a child that has not answered in
-# this long is hung (a deadlocked OpenMP pool, a swapping machine), not slow.
-TIMEOUT_S = 900.0
+# A child that has not answered in an hour is hung (a deadlocked OpenMP pool, a swapping
+# machine), not slow: the full profile's largest step (gpt2-large, batch 8, seq 512, ~7 TFLOP) runs
+# tens of seconds on a 2-core CPU, and a child times 30 of them after building the model.
+TIMEOUT_S = 3600.0
 # glibc's DEFAULT_MMAP_THRESHOLD_MAX on 64-bit is 32 MiB: freeing a mapped block up to that size
 # raises the mmap threshold to it (and the trim threshold to twice it); a larger one changes nothing
 ADAPT_BYTES = 31 << 20
@@ -63,10 +64,10 @@ def measure_in_child(workload: str, spec, batch: int, seq: int, dtype: str, thre
         raise DevcharError(f"measuring {what} in its own process failed (exit {done.returncode}): {last}")
     try:
         out = json.loads(done.stdout.strip().splitlines()[-1])
-    except (IndexError, json.JSONDecodeError) as exc:
+        return Measurement(np.asarray(out["times_us"], float), method=out["method"], cpu_util=out["cpu_util"],
+                           faults_per_call=out["faults_per_call"])
+    except (IndexError, KeyError, TypeError, ValueError) as exc:  # JSONDecodeError is a ValueError
         raise DevcharError(f"measuring {what} in its own process: no result line in {done.stdout[-200:]!r}") from exc
-    return Measurement(np.asarray(out["times_us"], float), method=out["method"], cpu_util=out["cpu_util"],
-                       faults_per_call=out["faults_per_call"])
 
 
 def _spec(workload: str, fields: dict):

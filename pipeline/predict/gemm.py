@@ -23,7 +23,7 @@ from pipeline.predict.gemm_grids import (LINE_BYTES, UNALIGNED_GRIDS, ends_mid_l
                                          relative_to_square)
 from pipeline.predict.gemm_batch import BATCH_GRID, BatchCorrection
 from pipeline.predict.page_faults import OutputFaults, without_faults
-from pipeline.predict.selector import KernelSelector
+from pipeline.predict.selector import KernelSelector, selector_labels
 from pipeline.predict.serialize import DataclassJSON
 from pipeline.core.ops import GEMM_OPS
 
@@ -203,19 +203,6 @@ class GemmTable(DataclassJSON):
 _GRIDS = ("aspect_m", "aspect_n", "aspect_log", "aspect_k", *UNALIGNED_GRIDS, "cold_log")
 
 
-def selector_labels(samples, choices, tables):
-    """The shapes the selector learns from: `choices` limited to kernels that have a table,
-    and, for an (op, dtype) no usable choice covers, the training rows themselves."""
-    if choices is None or not len(choices):
-        return samples
-    choices = choices[[(o, d, str(kn)) in tables for o, d, kn in zip(choices["op"], choices["dtype"],
-                                                                      choices["kernel"])]]
-    covered = set(zip(choices["op"], choices["dtype"]))
-    rest = samples[[(o, d) not in covered for o, d in zip(samples["op"], samples["dtype"])]]
-    cols = ["op", "dtype", "m", "n", "k", "batch", "kernel"]
-    return pd.concat([choices[cols], rest[cols]], ignore_index=True)
-
-
 CHUNK = 1 << 15
 
 
@@ -254,9 +241,7 @@ class GemmModel:
             raise ValueError("GemmModel.fit got held-out rows; fit on training rows only")
         faults = OutputFaults.fit(samples)
         samples = without_faults(samples)  # the tables hold the kernels; faults are added by output size
-        # the selector learns from every row with a kernel of its own table: the aspect, twin and
-        # batch grids' shapes sit between the whole-wave points, where a library switches kernels
-        every_grid = samples
+        every_grid = samples  # the selector learns from all of them (selector_labels)
         grid = samples["grid"] if "grid" in samples else pd.Series("waves", index=samples.index)
         is_twin = grid.isin([name.removesuffix("_log") for name in UNALIGNED_GRIDS]).to_numpy()
         is_aspect = (grid == "aspect").to_numpy()
@@ -286,9 +271,7 @@ class GemmModel:
                 table = table.with_aspect(mine).with_alignment(mine, own_twins).with_cold(mine, own_cold)
             tables[(op, dtype, str(kernel))] = table
         cache = samples["weight_cache_bytes"].dropna() if "weight_cache_bytes" in samples else pd.Series(dtype=float)
-        model = GemmModel(tables, KernelSelector.fit(selector_labels(
-            every_grid[[key in tables for key in zip(every_grid["op"], every_grid["dtype"],
-                                                    every_grid["kernel"].astype(str))]], choices, tables)), faults,
+        model = GemmModel(tables, KernelSelector.fit(selector_labels(every_grid, choices, tables)), faults,
                           float(cache.median()) if len(cache) and len(cold) else None)
         return model.with_batch(batched)
 

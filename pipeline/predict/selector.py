@@ -6,6 +6,7 @@ neither the device nor its library heuristic. Traversal is vectorized numpy.
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 
 from pipeline.predict.serialize import OP_DTYPE, keyed, records
 
@@ -86,6 +87,25 @@ class KernelSelector:
     @classmethod
     def from_dict(cls, d: dict) -> "KernelSelector":
         return cls({key: Tree.from_dict(t) for key, t in keyed(d["trees"], OP_DTYPE).items()})
+
+
+def selector_labels(samples, choices, tables):
+    """The shapes the selector learns from: `choices` limited to kernels that have a table (a
+    key of `tables`), and, for an (op, dtype) no usable choice covers, the training rows of every
+    grid whose kernel has one. The aspect, twin and batch grids' shapes sit between the
+    whole-wave points, where a library switches kernels (ATen hands bf16 GEMMs over
+    M*N*K = 4096 to oneDNN; only the twins show where)."""
+    def with_table(rows):
+        return rows[[(o, d, str(kn)) in tables for o, d, kn in zip(rows["op"], rows["dtype"], rows["kernel"])]]
+
+    samples = with_table(samples)
+    if choices is None or not len(choices):
+        return samples
+    choices = with_table(choices)
+    covered = set(zip(choices["op"], choices["dtype"]))
+    rest = samples[[(o, d) not in covered for o, d in zip(samples["op"], samples["dtype"])]]
+    cols = ["op", "dtype", "m", "n", "k", "batch", "kernel"]
+    return pd.concat([choices[cols], rest[cols]], ignore_index=True)
 
 
 def selection_accuracy(selector: KernelSelector, samples) -> dict[str, float]:

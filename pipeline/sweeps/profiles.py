@@ -28,8 +28,8 @@ class Profile:
     stall_wait_s: float = 60.0  # after a sweep, how long to wait for a quiet machine to re-measure stalled rows
     workload_warmup: int = 5
     workload_reps: int = 25
-    # CPU: each workload step timed in a process of its own (workloads/isolated.py), as a user's
-    # process runs its one model; the tiny profile's toy models skip the interpreter start
+    # CPU: each workload step timed in a process of its own, its allocator in a stated state
+    # (workloads/isolated.py); the tiny profile's toy models skip the interpreter start
     workloads_in_own_process: bool = True
     # DLRM training steps (workload_runs, mode "train") and the traces of every workload
     dlrm_configs: str = "quick"  # DLRM config set (workloads/dlrm.py)

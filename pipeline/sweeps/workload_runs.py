@@ -15,9 +15,7 @@ from pipeline.sweeps.catalog import workload_entries
 def sweep_workloads(dev: DeviceIdentity, profile: Profile, log=None, dtype: str = "float32") -> list[dict]:
     import torch
 
-    from pipeline.workloads.dlrm_run import measure_training_step
-    from pipeline.workloads.gpt2_run import measure_forward
-    from pipeline.workloads.isolated import measure_in_child
+    from pipeline.workloads.isolated import measure_here, measure_in_child
 
     todo = workload_entries(profile, evaluated_only=True)
     prog = Progress("workload_runs", len(todo), log)
@@ -26,12 +24,9 @@ def sweep_workloads(dev: DeviceIdentity, profile: Profile, log=None, dtype: str 
         if dev.kind == "cpu" and profile.workloads_in_own_process:
             m = measure_in_child(e.workload, e.spec, e.batch, e.seq, dtype, torch.get_num_threads(),
                                  profile.workload_warmup, profile.workload_reps)
-        elif e.workload == "gpt2":
-            m = measure_forward(e.spec, e.batch, e.seq, dtype, dev.torch_device, profile.workload_warmup,
-                                profile.workload_reps)
         else:
-            m = measure_training_step(e.spec, e.batch, dev.torch_device, profile.workload_warmup,
-                                      profile.workload_reps)
+            m = measure_here(e.workload, e.spec, e.batch, e.seq, dtype, dev.torch_device, profile.workload_warmup,
+                             profile.workload_reps)
         extra = {"n_layer": e.spec.n_layer, "n_embd": e.spec.n_embd, "n_head": e.spec.n_head,
                  "vocab_size": e.spec.vocab_size} if e.workload == "gpt2" else {}
         counted = math.isfinite(m.faults_per_call)  # NaN on CUDA: no host page faults counted

@@ -80,20 +80,26 @@ def _spec(workload: str, fields: dict):
     return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()})  # JSON gives lists
 
 
-def _measure(a: argparse.Namespace) -> Measurement:
-    import torch
-
+def measure_here(workload: str, spec, batch: int, seq: int, dtype: str, device: str, warmup: int,
+                 reps: int) -> Measurement:
+    """One workload step timed in this process: a GPT-2 forward pass or a DLRM training step."""
     from pipeline.workloads.dlrm_run import measure_training_step
     from pipeline.workloads.gpt2_run import measure_forward
+
+    if workload == "gpt2":
+        return measure_forward(spec, batch, seq, dtype, device, warmup, reps)
+    return measure_training_step(spec, batch, device, warmup, reps)
+
+
+def _measure(a: argparse.Namespace) -> Measurement:
+    import torch
 
     torch.set_num_threads(a.threads)
     spec = _spec(a.workload, json.loads(a.spec))
     if a.allocator == "adapted":  # the stated allocator state (module docstring)
         block = torch.empty(ADAPT_BYTES, dtype=torch.uint8)
         del block
-    if a.workload == "gpt2":
-        return measure_forward(spec, a.batch, a.seq, a.dtype, "cpu", a.warmup, a.reps)
-    return measure_training_step(spec, a.batch, "cpu", a.warmup, a.reps)
+    return measure_here(a.workload, spec, a.batch, a.seq, a.dtype, "cpu", a.warmup, a.reps)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -85,6 +85,15 @@ def warn_if_busy(dev, log=None) -> None:
         (log or (lambda m: print(m, file=sys.stderr)))(msg)
 
 
+def _warn_if_scaled(sweep: str, log=None) -> None:
+    from pipeline.harness.timer import TIMING_SCALE_ENV, timing_scale
+
+    if (scale := timing_scale()) != 1.0:
+        (log or (lambda m: print(m, file=sys.stderr)))(
+            f"warning: {sweep}: every time budget x{scale:g} (${TIMING_SCALE_ENV}): a test of what the sweep fills, "
+            "not a calibration")
+
+
 def run_sweep(sweep: str, device: str = "auto", profile: str = "quick", run_id: str | None = None,
               log=None, out_dir: str | Path | None = None) -> list[dict]:
     """The rows of the sweep's main table (run_sweep_tables has all of them)."""
@@ -107,6 +116,7 @@ def run_sweep_tables(sweep: str, device: str = "auto", profile: str = "quick", r
     dev = with_threads(dev, threads)
     fix_threads(dev)
     warn_if_busy(dev, log)
+    _warn_if_scaled(sweep, log)
     run_id = run_id or uuid.uuid4().hex[:12]
     before = _canary(dev, sweep)
     if sweep == "device":
@@ -166,6 +176,27 @@ def write_rows(rows: list[dict], out_dir: Path, table: str) -> Path:
     return path
 
 
+@contextlib.contextmanager
+def timing_scale_set(scale: float | None):
+    """$DEVCHAR_TIMING_SCALE (harness/timer.py) set to `scale` for what runs inside, the sweeps'
+    own child processes too; None leaves the environment as it is."""
+    from pipeline.harness.timer import TIMING_SCALE_ENV, timing_scale
+
+    if scale is None:
+        yield
+        return
+    old = os.environ.get(TIMING_SCALE_ENV)
+    os.environ[TIMING_SCALE_ENV] = repr(float(scale))
+    try:
+        timing_scale()  # one clear error for a bad value, before anything runs
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(TIMING_SCALE_ENV, None)
+        else:
+            os.environ[TIMING_SCALE_ENV] = old
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m pipeline.runner", description=__doc__)
     ap.add_argument("sweeps", nargs="+", help=f"one or more of {sorted(SWEEPS)} or 'all'")
@@ -177,6 +208,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--run-id", default=None)
     ap.add_argument("--threads", type=int, default=0,
                     help="a CPU measured with this many threads (default 0: all it has); the slug stays")
+    ap.add_argument("--timing-scale", type=float, default=None,
+                    help="every time budget of the sweeps times this (tests: 0.25 runs the profile's whole grids "
+                         "faster, measured less well); default: $DEVCHAR_TIMING_SCALE, else 1")
     args = ap.parse_args(argv)
     # torch's C++ warnings (the execution-trace observer announces itself on every capture)
     # would bury the progress lines; errors still print. Set before torch is imported.
@@ -185,6 +219,11 @@ def main(argv: list[str] | None = None) -> int:
 
     names = all_sweeps(args.device) if args.sweeps == ["all"] else args.sweeps
     with contextlib.ExitStack() as stack:
+        try:
+            stack.enter_context(timing_scale_set(args.timing_scale))
+        except DevcharError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
         pipes = _open_pipes(stack)
         log = pipes.log.info if pipes else None
         start = time.perf_counter()

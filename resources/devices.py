@@ -91,7 +91,7 @@ def reference_file(device: str, table: str) -> Path | None:
 class DeviceRunner(dg.ConfigurableResource):
     # the variables that feed these fields where set (resources/env.py)
     ENV: ClassVar[dict[str, str]] = {"profile": "DEVCHAR_PROFILE", "train_device": "DEVCHAR_TRAIN_DEVICE",
-                                     "threads": "DEVCHAR_THREADS"}
+                                     "threads": "DEVCHAR_THREADS", "timing_scale": "DEVCHAR_TIMING_SCALE"}
 
     profile: str = "quick"  # sweep size: tiny (tests), quick or full (pipeline/sweeps/profiles.py)
     # A fresh process per sweep: each starts from the same allocator and cache state (a long
@@ -108,6 +108,9 @@ class DeviceRunner(dg.ConfigurableResource):
     # > 0: measure a CPU with this many of its threads, under the same slug (a changed setting
     # that a re-calibration's drift check should see); 0: every thread the slug names
     threads: int = 0
+    # every time budget of the sweeps times this (harness/timer.py): CI's slow tier runs the quick
+    # profile's whole grids on a quarter of them; a calibration keeps 1
+    timing_scale: float = 1.0
     k8s: K8sSettings = K8sSettings()  # mode "k8s": image, node selector and limits per device
 
     def run(self, context: dg.AssetExecutionContext, sweep: str, device: str) -> pd.DataFrame:
@@ -132,16 +135,18 @@ class DeviceRunner(dg.ConfigurableResource):
             return out
         if self.mode in ("subprocess", "k8s"):
             return self._run_subprocess(context, sweep, device)
-        from pipeline.runner import run_sweep_tables
+        from pipeline.runner import run_sweep_tables, timing_scale_set
 
-        tables = run_sweep_tables(sweep, device, self.profile, context.run.run_id[:12], log=context.log.info,
-                                  threads=self.threads)
+        with timing_scale_set(self.timing_scale if self.timing_scale != 1.0 else None):
+            tables = run_sweep_tables(sweep, device, self.profile, context.run.run_id[:12], log=context.log.info,
+                                      threads=self.threads)
         return {t: pd.DataFrame(rows) for t, rows in tables.items()}
 
     def _run_subprocess(self, context: dg.AssetExecutionContext, sweep: str, device: str) -> dict[str, pd.DataFrame]:
         with tempfile.TemporaryDirectory(prefix="devchar-runner-") as out:
             cmd = [sys.executable, "-m", "pipeline.runner", sweep, "--device", device, "--profile",
-                   self.profile, "--out", out, "--run-id", context.run.run_id[:12], "--threads", str(self.threads)]
+                   self.profile, "--out", out, "--run-id", context.run.run_id[:12], "--threads", str(self.threads),
+                   "--timing-scale", repr(float(self.timing_scale))]
             invocation = dg.PipesSubprocessClient(cwd=str(REPO_ROOT)).run(command=cmd, context=context)
             return read_results(list(invocation.get_custom_messages()), Path(out), sweep)
 

@@ -44,6 +44,18 @@ def test_runner_rejects_unknown_sweep_and_device(tmp_path, capsys):
     assert not list(tmp_path.iterdir())
 
 
+def test_a_bad_timing_scale_stops_the_runner_before_it_measures(tmp_path, capsys):
+    import os
+
+    from pipeline.harness.timer import TIMING_SCALE_ENV
+
+    before = os.environ.get(TIMING_SCALE_ENV)
+    assert runner.main(["device", "--timing-scale", "-2", "--out", str(tmp_path)]) == 2
+    assert TIMING_SCALE_ENV in capsys.readouterr().err
+    assert not tmp_path.exists() or not list(tmp_path.iterdir())
+    assert os.environ.get(TIMING_SCALE_ENV) == before  # set only for the sweeps it runs
+
+
 def test_jsonl_fallback_round_trips(tmp_path, monkeypatch):
     import builtins
 

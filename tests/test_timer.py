@@ -32,6 +32,31 @@ def test_budget_bounds_repetitions():
     assert measure_once(lambda: sum(range(1000)), slow).reps == 4
 
 
+def test_the_timing_scale_shrinks_the_budgets_not_the_counts(monkeypatch):
+    from pipeline.harness.timer import TIMING_SCALE_ENV, scaled
+
+    spec = TimingSpec(warmup_s=0.04, budget_s=0.2, min_reps=5, max_reps=100)
+    assert scaled(spec) is spec  # unset: the profile's own budgets
+    monkeypatch.setenv(TIMING_SCALE_ENV, "0.25")
+    got = scaled(spec)
+    assert (got.warmup_s, got.budget_s, got.min_reps, got.max_reps) == pytest.approx((0.01, 0.05, 5, 100))
+    # an op of ~1 ms: about 0.2 s of repetitions unscaled would be ~200; a quarter of the budget, ~50
+    import time
+
+    m = measure_once(lambda: time.sleep(0.001), TimingSpec(warmup_s=0.0, budget_s=0.2, min_reps=3, max_reps=1000))
+    assert m.reps <= 60
+
+
+@pytest.mark.parametrize("raw", ["0", "-1", "fast", "inf"])
+def test_a_bad_timing_scale_is_one_clear_error(monkeypatch, raw):
+    from pipeline.core.errors import DevcharError
+    from pipeline.harness.timer import TIMING_SCALE_ENV, timing_scale
+
+    monkeypatch.setenv(TIMING_SCALE_ENV, raw)
+    with pytest.raises(DevcharError, match=TIMING_SCALE_ENV):
+        timing_scale()
+
+
 def test_noisy_rows_are_remeasured_once_and_flagged():
     state = {"n": 0}
 
@@ -91,3 +116,16 @@ def test_a_step_counts_the_pages_it_faults_in():
     assert 60 <= m.faults_per_call <= 80
     assert measure_step(lambda: None, TimingSpec.fixed(warmup=1, reps=5)).faults_per_call < 5
     assert "faults_per_call" in m.row()
+
+
+def test_the_timing_scale_shortens_a_profile_but_keeps_its_grids(monkeypatch):
+    from pipeline.harness.timer import TIMING_SCALE_ENV
+    from pipeline.sweeps.profiles import get_profile
+
+    plain = get_profile("quick")
+    monkeypatch.setenv(TIMING_SCALE_ENV, "0.25")
+    short = get_profile("quick")
+    assert (short.k_values, short.gemm_aspect_k, short.workload_batches) == (
+        plain.k_values, plain.gemm_aspect_k, plain.workload_batches)
+    assert short.stall_wait_s == pytest.approx(plain.stall_wait_s / 4)
+    assert 3 <= short.workload_reps < plain.workload_reps and 1 <= short.workload_warmup <= plain.workload_warmup

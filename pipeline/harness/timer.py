@@ -11,13 +11,41 @@ Every row says how it was timed (`timing_method`).
 from __future__ import annotations
 
 import math
+import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 import numpy as np
 
 from pipeline.harness.page_faults import minor_faults
+
+
+# Every time budget of a sweep (warm-up, timed repetitions, cold flushes, the wait for a quiet
+# machine) times this: CI's slow tier runs the quick profile's whole grids on a quarter of its
+# budgets, where it checks what a calibration fills, not how well it measures. 1 otherwise.
+TIMING_SCALE_ENV = "DEVCHAR_TIMING_SCALE"
+
+
+def timing_scale() -> float:
+    raw = os.environ.get(TIMING_SCALE_ENV, "").strip()
+    if not raw:
+        return 1.0
+    try:
+        scale = float(raw)
+    except ValueError:
+        scale = float("nan")
+    if not 0.0 < scale < math.inf:
+        from pipeline.core.errors import DevcharError
+
+        raise DevcharError(f"{TIMING_SCALE_ENV}={raw!r}: expected a number > 0 (1: the profile's own time budgets)")
+    return scale
+
+
+def scaled(spec: "TimingSpec") -> "TimingSpec":
+    """The spec with its warm-up and repetition budgets times timing_scale() (counts unchanged)."""
+    scale = timing_scale()
+    return spec if scale == 1.0 else replace(spec, warmup_s=spec.warmup_s * scale, budget_s=spec.budget_s * scale)
 
 
 STALL_CPU_UTIL = 0.5  # below this the process mostly waited: another process had the cores
@@ -201,6 +229,7 @@ def measure_once(fn: Callable[[], object], spec: TimingSpec, device: str = "cpu"
     """One measurement. `warm_per_call_s` (CPU): fn has just run this long a call, so it is warm
     and the warm-up is skipped (measure's second attempt: a warm-up is a quarter of the quick
     GEMM sweep, and the retry only repeats it on an op that ran a moment ago)."""
+    spec = scaled(spec)
     flush = kept_flusher(l2_bytes, device) if spec.flush_l2 and l2_bytes > 0 else None
     cuda = device.startswith("cuda")
     per_call = warm_per_call_s if warm_per_call_s and not cuda else _warmup(fn, spec, _sync_for(device))

@@ -30,7 +30,7 @@ from pipeline.core.dtypes import element_bytes
 from pipeline.harness.cache_probe import cpu_llc_bytes
 from pipeline.harness.dtypes import torch_dtype
 from pipeline.harness.progress import Progress
-from pipeline.harness.timer import TimingSpec, kept_flusher, measure, release_flusher
+from pipeline.harness.timer import TimingSpec, kept_flusher, measure, release_flusher, timing_scale
 from pipeline.predict.embedding import (DEFAULT_ROWS_PER_BLOCK, INDEX_BYTES, embedding_traffic)
 from pipeline.sweeps.profiles import GPU_FULL_TIMING, GPU_QUICK_TIMING, get_profile
 
@@ -251,10 +251,10 @@ def sweep_embedding(dev: DeviceIdentity, profile_name, log=None) -> list[dict]:
     if cold is not None:
         spec, flush_half, cost_s = cold
         states.append((True, spec, flush_half))
-        cold_at = cold_subset(todo, cost_s * len(DIRECTIONS), s.cold_budget_s)
+        cold_at = cold_subset(todo, cost_s * len(DIRECTIONS), s.cold_budget_s * timing_scale())
         if len(cold_at) < len(todo):
             prog.log(f"[embedding_samples] a cold timing costs {cost_s:.2f} s of flushing: {len(cold_at)} of "
-                     f"{len(todo)} points timed cold (cold_budget_s={s.cold_budget_s:.0f})")
+                     f"{len(todo)} points timed cold (cold_budget_s={s.cold_budget_s * timing_scale():.0f})")
     tables, rows, skipped = _Tables(dev.torch_device), [], 0
     for i, (dtype, p) in enumerate(todo):
         try:

@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from pipeline.core.errors import DevcharError
-from pipeline.harness.timer import TimingSpec
+from pipeline.harness.timer import TimingSpec, timing_scale
 
 
 @dataclass(frozen=True)
@@ -194,4 +194,10 @@ def get_profile(name: str, kind: str = "cpu") -> Profile:
     if name not in PROFILES:
         raise DevcharError(f"unknown profile {name!r}; expected one of {sorted(PROFILES)}")
     prof = PROFILES[name]
-    return replace(prof, **CUDA_OVERRIDES.get(name, {})) if kind == "cuda" else prof
+    prof = replace(prof, **CUDA_OVERRIDES.get(name, {})) if kind == "cuda" else prof
+    scale = timing_scale()  # DEVCHAR_TIMING_SCALE: the timing specs scale where they are used
+    if scale == 1.0:
+        return prof
+    return replace(prof, stall_wait_s=prof.stall_wait_s * scale,  # and a workload step's counts here
+                   workload_warmup=max(1, round(prof.workload_warmup * scale)),
+                   workload_reps=max(3, round(prof.workload_reps * scale)))

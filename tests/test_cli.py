@@ -384,3 +384,23 @@ def test_a_reference_known_to_fail_a_check_passes_only_when_exactly_that_fails(d
     assert _report_run(run_with_checks(fail), "cpu-x", expected) == code
     out = capsys.readouterr()
     assert says in out.out + out.err
+
+
+def test_run_skip_leaves_out_an_asset_and_what_depends_on_it(capsys):
+    from pipeline.cli.main import _skipping
+
+    keys = {k.to_user_string() for k in _skipping(None, ["opencl_models"])}
+    assert "opencl_models" not in keys and {"opencl_launches", "gemm_model", "accuracy_report"} <= keys
+    keys = {k.to_user_string() for k in _skipping(None, ["gemm_samples"])}
+    assert not keys & {"gemm_samples", "gemm_model", "transformer_predictions", "accuracy_report"}
+    assert "utility_model" in keys
+    # within a reference's own selection, nothing it did not have comes back
+    assert {k.to_user_string() for k in _skipping(["gemm_samples", "gemm_model", "utility_samples"],
+                                                  ["gemm_samples"])} == {"utility_samples"}
+    assert "skipping gemm_model, gemm_samples" in capsys.readouterr().out
+
+
+def test_run_skip_of_an_unknown_asset_is_one_error(devchar_home, capsys):
+    assert cli_main(["run", "--device", "cpu", "--skip", "opencl_modelz"]) == 2
+    err = capsys.readouterr().err
+    assert "opencl_modelz" in err and "opencl_models" in err

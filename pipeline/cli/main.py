@@ -29,6 +29,8 @@ def cmd_run(args) -> int:
         from resources.devices import reference_dir
 
         source = f"from its committed calibration {reference_dir(slug)}"
+    if getattr(args, "skip", None):
+        selection = _skipping(selection, args.skip)
     instance = dg.DagsterInstance.get()
     if not instance.has_dynamic_partition(devices.name, slug):
         instance.add_dynamic_partitions(devices.name, [slug])
@@ -46,7 +48,7 @@ def cmd_run(args) -> int:
                         asset_selection=selection)
         print(f"devchar: run {result.run_id} of code location {result.location}: "
               "in the UI's Runs, re-executable from there", flush=True)
-    if selection is not None:
+    if args.device not in LOCAL_KINDS:
         _load_reference_only_tables(slug)
     print(summary(slug, result.run_id))
     return _report_run(result, slug, set(getattr(args, "expect_failing", []) or []))
@@ -123,6 +125,26 @@ def _reference_plan(slug: str):
         print(f"devchar: {slug}: no {', '.join(sorted(SWEEPS[s] for s in missing))} in its calibration: "
               "those assets and their dependents are skipped", flush=True)
     return slug, sorted(keys, key=lambda k: k.path)
+
+
+def _skipping(selection: list | None, skip: list[str]) -> list:
+    """The run's asset keys (None: all of them) without the `skip` assets and what depends on
+    them (devchar run --skip); an unknown name is one error listing the assets."""
+    import dagster as dg
+
+    from pipeline.definitions import defs
+
+    graph = defs.resolve_asset_graph()
+    known = sorted(k.to_user_string() for k in graph.materializable_asset_keys)
+    unknown = [name for name in skip if name not in known]
+    if unknown:
+        raise DevcharError(f"--skip {unknown[0]!r}: no such asset; the assets: {', '.join(known)}")
+    base = dg.AssetSelection.assets(*selection) if selection is not None else dg.AssetSelection.all()
+    left_out = dg.AssetSelection.assets(*skip).downstream()
+    keys = (base - left_out).resolve(graph)
+    gone = sorted(k.to_user_string() for k in left_out.resolve(graph) & base.resolve(graph))
+    print(f"devchar: skipping {', '.join(gone)}", flush=True)
+    return sorted(keys, key=lambda k: k.path)
 
 
 def _load_reference_only_tables(slug: str) -> None:
@@ -301,6 +323,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a blocking check this calibration is known to fail (repeatable): exit 0 when exactly "
                         "these fail, 1 when another fails or one of them now passes (make check-references "
                         "reads them from a reference's expected_check_failures)")
+    r.add_argument("--skip", action="append", default=[], metavar="ASSET",
+                   help="leave this asset and everything downstream of it out of the run (repeatable), e.g. "
+                        "opencl_models on a machine where its fit is not wanted")
     r.set_defaults(fn=cmd_run)
     p = sub.add_parser("predict", help="predict a GPT-2-family forward pass with a device's saved models")
     p.add_argument("--device", required=True, help="device slug (see `devchar sql 'select name from devices'`)")

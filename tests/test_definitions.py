@@ -10,7 +10,8 @@ SAMPLE_TABLES = ("devices", "gemm_samples", "utility_samples", "attention_sample
 
 
 def _materialize(slug: str, instance: dg.DagsterInstance, raise_on_error: bool = True, profile: str = "tiny",
-                 timing_scale: float = 1.0, selection: list[str] | None = None, **gates: str):
+                 timing_scale: float = 1.0, selection: list[str] | None = None, mode: str = "subprocess",
+                 **gates: str):
     """The characterize_device job (only the assets of `selection` when given), with `profile`,
     `timing_scale` and quality `gates` given as run config, as `devchar run --profile` gives them
     (the environment is read when the code location loads)."""
@@ -18,7 +19,8 @@ def _materialize(slug: str, instance: dg.DagsterInstance, raise_on_error: bool =
 
     if not instance.has_dynamic_partition("devices", slug):
         instance.add_dynamic_partitions("devices", [slug])
-    run_config = {"resources": {"device_runner": {"config": {"profile": profile, "timing_scale": timing_scale}},
+    runner = {"profile": profile, "timing_scale": timing_scale, "mode": mode}
+    run_config = {"resources": {"device_runner": {"config": runner},
                                 "quality_gates": {"config": gates}}}
     keys = [dg.AssetKey(k) for k in selection] if selection else None
     return defs.resolve_job_def("characterize_device").execute_in_process(
@@ -102,8 +104,10 @@ def _what_if_from_the_captured_graphs(slug: str):
 def test_rematerializing_replaces_rows_and_spares_other_devices(devchar_home):
     slug = identify("cpu").slug
     wh = DuckDBWarehouse()
+    # the sweeps in this process: what is tested is what the warehouse keeps, and the two runs
+    # spare 20 interpreter starts (the slow tier and test_runner run them through Dagster Pipes)
     with dg.instance_for_test() as instance:
-        assert _materialize(slug, instance, **NO_ERROR_GATE).success
+        assert _materialize(slug, instance, mode="in_process", **NO_ERROR_GATE).success
         # the CPU traces' T1 rows carry the previous op's duration: the overhead model fits its
         # slowdown and the asset draws it
         assert (devchar_home / "plots" / slug / "t1_after_op.png").is_file()
@@ -111,7 +115,7 @@ def test_rematerializing_replaces_rows_and_spares_other_devices(devchar_home):
         other = wh.query("SELECT * FROM gemm_samples WHERE device = ?", [slug]).assign(device="cuda-other-gpu")
         wh.replace_partition("gemm_samples", "cuda-other-gpu", other)
         first = _counts(wh, slug)
-        assert _materialize(slug, instance, **NO_ERROR_GATE).success
+        assert _materialize(slug, instance, mode="in_process", **NO_ERROR_GATE).success
     second = _counts(wh, slug)
     # gemm_samples' training grid follows the tile the probe measures, which a noisy tiny-profile
     # run may find differently: there, no shape twice and one run's rows stand for "replaced"

@@ -122,7 +122,10 @@ def run_sweep_tables(sweep: str, device: str = "auto", profile: str = "quick", r
     if sweep == "device":
         from pipeline.device.peaks import device_row
 
-        result = [device_row(dev, quick=prof.name != "full")]
+        from pipeline.harness.timer import timing_scale
+
+        # a calibration taken at a scaled budget (a test's) says so in the device's own row
+        result = [{**device_row(dev, quick=prof.name != "full"), "timing_scale": timing_scale()}]
     elif sweep == "opencl":  # resumable: a checkpoint under out_dir
         from pipeline.opencl.sweep.sweep import sweep_opencl
 

@@ -23,11 +23,13 @@ from typing import ClassVar, Literal
 
 import dagster as dg
 import pandas as pd
+from pydantic import field_validator
 
 from pipeline.core.config import REPO_ROOT, reference_root
 from pipeline.core.errors import UnknownDeviceError
 from pipeline.runner import SWEEPS, tables_of
 from pipeline.core.slugs import SLUG, check_slug, under
+from resources.env import as_text, number
 from resources.k8s import K8sSettings, run_pod, sweep_pod
 
 
@@ -109,9 +111,16 @@ class DeviceRunner(dg.ConfigurableResource):
     # that a re-calibration's drift check should see); 0: every thread the slug names
     threads: int = 0
     # every time budget of the sweeps times this (harness/timer.py): CI's slow tier runs the quick
-    # profile's whole grids on a quarter of them; a calibration keeps 1
-    timing_scale: float = 1.0
+    # profile's whole grids on a quarter of them; a calibration keeps 1. Text, as Dagster has no
+    # float source for $DEVCHAR_TIMING_SCALE (resources/env.py)
+    timing_scale: str = "1"
     k8s: K8sSettings = K8sSettings()  # mode "k8s": image, node selector and limits per device
+
+    _scale_text = field_validator("timing_scale", mode="before")(as_text)
+
+    def scale(self) -> float:
+        """timing_scale as a number (one error naming the field and its variable otherwise)."""
+        return number(self, "timing_scale")
 
     def run(self, context: dg.AssetExecutionContext, sweep: str, device: str) -> pd.DataFrame:
         """The sweep's main table."""
@@ -137,7 +146,7 @@ class DeviceRunner(dg.ConfigurableResource):
             return self._run_subprocess(context, sweep, device)
         from pipeline.runner import run_sweep_tables, timing_scale_set
 
-        with timing_scale_set(self.timing_scale if self.timing_scale != 1.0 else None):
+        with timing_scale_set(self.scale()):
             tables = run_sweep_tables(sweep, device, self.profile, context.run.run_id[:12], log=context.log.info,
                                       threads=self.threads)
         return {t: pd.DataFrame(rows) for t, rows in tables.items()}
@@ -146,14 +155,14 @@ class DeviceRunner(dg.ConfigurableResource):
         with tempfile.TemporaryDirectory(prefix="devchar-runner-") as out:
             cmd = [sys.executable, "-m", "pipeline.runner", sweep, "--device", device, "--profile",
                    self.profile, "--out", out, "--run-id", context.run.run_id[:12], "--threads", str(self.threads),
-                   "--timing-scale", repr(float(self.timing_scale))]
+                   "--timing-scale", repr(self.scale())]
             invocation = dg.PipesSubprocessClient(cwd=str(REPO_ROOT)).run(command=cmd, context=context)
             return read_results(list(invocation.get_custom_messages()), Path(out), sweep)
 
     def _run_k8s(self, context: dg.AssetExecutionContext, sweep: str, device: str) -> dict[str, pd.DataFrame]:
         """One pod for the sweep on the device's node; its tables read back from the shared volume."""
         out = Path(self.k8s.results_dir) / context.run.run_id / f"{sweep}-{uuid.uuid4().hex[:8]}"
-        pod = sweep_pod(self.k8s, device, sweep, self.profile, context.run.run_id[:12], out)
+        pod = sweep_pod(self.k8s, device, sweep, self.profile, context.run.run_id[:12], out, self.scale())
         context.log.info(f"{device}: sweep {sweep} in a pod ({pod.image}, nodes {pod.base_pod_spec['node_selector']})")
         try:
             return read_results(run_pod(context, self.k8s, pod), out, sweep)

@@ -69,7 +69,8 @@ def _label(value: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]", "-", value)[:63].strip("-_.") or "none"
 
 
-def sweep_pod(settings: K8sSettings, device: str, sweep: str, profile: str, run_id: str, out_dir: Path) -> SweepPod:
+def sweep_pod(settings: K8sSettings, device: str, sweep: str, profile: str, run_id: str, out_dir: Path,
+              timing_scale: float = 1.0) -> SweepPod:
     """The pod that runs `sweep` for `device` and writes its tables under `out_dir` (on the shared volume)."""
     check_slug(device, "partition key")
     if device not in settings.devices:
@@ -79,7 +80,7 @@ def sweep_pod(settings: K8sSettings, device: str, sweep: str, profile: str, run_
     if not image:
         raise ValueError(f"no image for device {device!r}: set device_runner.k8s.image or its devices entry")
     command = ["python", "-m", "pipeline.runner", sweep, "--device", device, "--profile", profile,
-               "--out", str(out_dir), "--run-id", run_id]
+               "--out", str(out_dir), "--run-id", run_id, "--timing-scale", repr(float(timing_scale))]
     env = {"DEVCHAR_PROFILE": profile, "PYTHONUNBUFFERED": "1", **settings.env}
     limits = {"cpu": pod.cpu, "memory": pod.memory}
     if pod.gpus:

@@ -26,8 +26,9 @@ LOGS="$DEVCHAR_HOME/references/logs"
 mkdir -p "$LOGS"
 
 replay() {  # replay DIR: one reference, its output to $LOGS/<slug>.log, its exit status to .rc
-  local dir=$1 slug expect=() skip=()
-  for asset in $SKIP; do skip+=(--skip "$asset"); done
+  local dir=$1 slug expect=() skip=() names=() asset
+  read -ra names <<< "$SKIP"  # words, never glob patterns
+  for asset in ${names[@]+"${names[@]}"}; do skip+=(--skip "$asset"); done
   slug=$(basename "$dir")
   if [ -f "$dir/expected_check_failures" ]; then
     # `|| [ -n ... ]`: a last line without its newline still counts

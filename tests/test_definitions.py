@@ -19,7 +19,7 @@ def _materialize(slug: str, instance: dg.DagsterInstance, raise_on_error: bool =
 
     if not instance.has_dynamic_partition("devices", slug):
         instance.add_dynamic_partitions("devices", [slug])
-    runner = {"profile": profile, "timing_scale": timing_scale, "mode": mode}
+    runner = {"profile": profile, "timing_scale": str(timing_scale), "mode": mode}
     run_config = {"resources": {"device_runner": {"config": runner},
                                 "quality_gates": {"config": gates}}}
     keys = [dg.AssetKey(k) for k in selection] if selection else None

@@ -172,3 +172,13 @@ def test_devchar_run_threads_is_run_config_and_valid_for_the_job(devchar_home, m
     assert got["run_config"]["resources"]["device_runner"]["config"] == {"threads": 1}
     processed = dg.validate_run_config(defs.resolve_job_def("characterize_device"), got["run_config"])
     assert processed["resources"]["device_runner"]["config"]["threads"] == 1
+
+
+def test_the_timing_scale_comes_from_its_variable_as_a_number(monkeypatch):
+    monkeypatch.setenv("DEVCHAR_TIMING_SCALE", "0.5")
+    runner = from_env(DeviceRunner)  # Dagster has no float source: the field is text
+    assert _seen("device_runner", runner).scale() == 0.5
+    assert DeviceRunner(timing_scale=0.25).scale() == 0.25  # a number in code works too
+    monkeypatch.setenv("DEVCHAR_TIMING_SCALE", "fast")
+    with pytest.raises(DevcharError, match=r"timing_scale \(\$DEVCHAR_TIMING_SCALE\) must be a number"):
+        resolved(DeviceRunner).scale()

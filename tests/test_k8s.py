@@ -44,7 +44,9 @@ def test_the_pod_for_a_gpu_sweep(tmp_path):
     (c,) = body.spec.containers
     assert c.name == CONTAINER and c.image == "registry.example/devchar:1.0"
     assert c.command == ["python", "-m", "pipeline.runner", "gemm", "--device", GPU, "--profile", "full",
-                         "--out", str(out), "--run-id", "0123456789ab"]
+                         "--out", str(out), "--run-id", "0123456789ab", "--timing-scale", "1.0"]
+    scaled = sweep_pod(_settings(tmp_path), GPU, "gemm", "full", "0123456789ab", out, timing_scale=0.25)
+    assert _pod_body(scaled).spec.containers[0].command[-2:] == ["--timing-scale", "0.25"]
     assert body.spec.node_selector == H100
     assert c.resources.limits == {"cpu": "16", "memory": "64Gi", "nvidia.com/gpu": "1"}
     assert c.resources.requests == {"cpu": "16", "memory": "64Gi"}

@@ -36,6 +36,7 @@ def test_the_timing_scale_shrinks_the_budgets_not_the_counts(monkeypatch):
     from pipeline.harness.timer import TIMING_SCALE_ENV, scaled
 
     spec = TimingSpec(warmup_s=0.04, budget_s=0.2, min_reps=5, max_reps=100)
+    monkeypatch.delenv(TIMING_SCALE_ENV, raising=False)
     assert scaled(spec) is spec  # unset: the profile's own budgets
     monkeypatch.setenv(TIMING_SCALE_ENV, "0.25")
     got = scaled(spec)
@@ -122,6 +123,7 @@ def test_the_timing_scale_shortens_a_profile_but_keeps_its_grids(monkeypatch):
     from pipeline.harness.timer import TIMING_SCALE_ENV
     from pipeline.sweeps.profiles import get_profile
 
+    monkeypatch.delenv(TIMING_SCALE_ENV, raising=False)
     plain = get_profile("quick")
     monkeypatch.setenv(TIMING_SCALE_ENV, "0.25")
     short = get_profile("quick")

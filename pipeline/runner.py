@@ -82,16 +82,20 @@ def warn_if_busy(dev, log=None) -> None:
     if load > (dev.threads or 1):
         msg = (f"warning: load average {load:.1f} on {dev.threads} threads: other work is running; "
                "CPU timings from this sweep will be inflated")
-        (log or (lambda m: print(m, file=sys.stderr)))(msg)
+        _say(msg, log)
 
 
 def _warn_if_scaled(sweep: str, log=None) -> None:
     from pipeline.harness.timer import TIMING_SCALE_ENV, timing_scale
 
     if (scale := timing_scale()) != 1.0:
-        (log or (lambda m: print(m, file=sys.stderr)))(
-            f"warning: {sweep}: every time budget x{scale:g} (${TIMING_SCALE_ENV}): a test of what the sweep fills, "
-            "not a calibration")
+        _say(f"warning: {sweep}: every time budget x{scale:g} (${TIMING_SCALE_ENV}): a test of what the sweep "
+             "fills, not a calibration", log)
+
+
+def _say(msg: str, log=None) -> None:
+    """To the run's log (Dagster Pipes) where there is one, else to stderr."""
+    (log or (lambda m: print(m, file=sys.stderr)))(msg)
 
 
 def run_sweep(sweep: str, device: str = "auto", profile: str = "quick", run_id: str | None = None,

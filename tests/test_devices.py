@@ -19,11 +19,11 @@ def _calibration(root, slug, sweeps):
 
 
 def test_plan_skips_what_the_calibration_lacks(tmp_path, monkeypatch, devchar_home):
-    from pipeline.cli.main import _reference_plan
+    from pipeline.cli.run_plan import reference_plan
 
     monkeypatch.setattr(devices_mod, "reference_root", lambda: tmp_path)
     _calibration(tmp_path, "cuda-some-gpu", [s for s in SWEEPS if s != "opencl"])
-    slug, keys = _reference_plan("cuda-some-gpu")
+    slug, keys = reference_plan("cuda-some-gpu")
     names = {k.to_user_string() for k in keys}
     assert slug == "cuda-some-gpu"
     assert {"device_spec", "gemm_model", "utility_model", "transformer_predictions", "accuracy_report",

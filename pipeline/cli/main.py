@@ -7,10 +7,10 @@ import sys
 from pathlib import Path
 
 from pipeline.cli.common import local_slug, prepare_home, warehouse
+from pipeline.cli.run_plan import LOCAL_KINDS, load_reference_only_tables, reference_plan, skipping
 from pipeline.core.config import REPO_ROOT, devchar_home, mlflow_uri
 from pipeline.core.errors import DevcharError
 
-LOCAL_KINDS = ("auto", "cpu", "cuda")
 
 
 def cmd_run(args) -> int:
@@ -25,16 +25,12 @@ def cmd_run(args) -> int:
 
         slug, source, selection = identify(args.device).slug, "measured", None
     else:
-        slug, selection = _reference_plan(args.device)
+        slug, selection = reference_plan(args.device)
         from resources.devices import reference_dir
 
         source = f"from its committed calibration {reference_dir(slug)}"
     if getattr(args, "skip", None):
-        skipped_checks = {c for c in getattr(args, "expect_failing", []) or [] if c.split(".")[0] in args.skip}
-        if skipped_checks:  # a skipped asset's check cannot fail, so "expected to fail" would read as fixed
-            raise DevcharError(f"--expect-failing {sorted(skipped_checks)[0]} names a check of an asset --skip "
-                               "leaves out; drop one of the two")
-        selection = _skipping(selection, args.skip)
+        selection = skipping(selection, args.skip, getattr(args, "expect_failing", None) or [])
     instance = dg.DagsterInstance.get()
     if not instance.has_dynamic_partition(devices.name, slug):
         instance.add_dynamic_partitions(devices.name, [slug])
@@ -53,7 +49,7 @@ def cmd_run(args) -> int:
         print(f"devchar: run {result.run_id} of code location {result.location}: "
               "in the UI's Runs, re-executable from there", flush=True)
     if args.device not in LOCAL_KINDS:
-        _load_reference_only_tables(slug)
+        load_reference_only_tables(slug)
     print(summary(slug, result.run_id))
     return _report_run(result, slug, set(getattr(args, "expect_failing", []) or []))
 
@@ -108,59 +104,6 @@ def _report_run(result, slug: str, expected: set[str] = frozenset()) -> int:
         print(f"devchar: run {result.run_id} succeeded with {len(checks)} check warning(s):")
         print(describe_checks(checks))
     return 0
-
-
-def _reference_plan(slug: str):
-    """(slug, asset keys) for a run from a committed calibration: every asset whose sweep's
-    tables the calibration holds, and what depends only on those."""
-    from pipeline.definitions import defs
-    from pipeline.orchestration.jobs import selection_without
-    from pipeline.runner import SWEEPS, tables_of
-    from resources.devices import committed_references, reference_tables
-
-    known = committed_references()
-    if slug not in known:
-        raise DevcharError(f"--device {slug!r} is neither a local kind ({', '.join(LOCAL_KINDS)}) nor a committed "
-                           f"reference calibration under models_store/reference/; committed: {known or 'none'}")
-    have = reference_tables(slug)
-    missing = {sweep for sweep in SWEEPS if not set(tables_of(sweep)) <= have}
-    keys = selection_without(missing).resolve(defs.resolve_asset_graph())
-    if missing:
-        print(f"devchar: {slug}: no {', '.join(sorted(SWEEPS[s] for s in missing))} in its calibration: "
-              "those assets and their dependents are skipped", flush=True)
-    return slug, sorted(keys, key=lambda k: k.path)
-
-
-def _skipping(selection: list | None, skip: list[str]) -> list:
-    """The run's asset keys (None: all of them) without the `skip` assets and what depends on
-    them (devchar run --skip); an unknown name is one error listing the assets."""
-    import dagster as dg
-
-    from pipeline.definitions import defs
-
-    graph = defs.resolve_asset_graph()
-    known = sorted(k.to_user_string() for k in graph.materializable_asset_keys)
-    unknown = [name for name in skip if name not in known]
-    if unknown:
-        raise DevcharError(f"--skip {unknown[0]!r}: no such asset; the assets: {', '.join(known)}")
-    base = dg.AssetSelection.assets(*selection) if selection is not None else dg.AssetSelection.all()
-    left_out = dg.AssetSelection.assets(*skip).downstream()
-    keys = (base - left_out).resolve(graph)
-    gone = sorted(k.to_user_string() for k in left_out.resolve(graph) & base.resolve(graph))
-    print(f"devchar: skipping {', '.join(gone)}" if gone else
-          f"devchar: --skip {', '.join(skip)}: not in this run, nothing to skip", flush=True)
-    return sorted(keys, key=lambda k: k.path)
-
-
-def _load_reference_only_tables(slug: str) -> None:
-    """Tables no asset fills (the peer shapes timed there) go straight to the warehouse."""
-    from resources.devices import read_rows, reference_file
-
-    path = reference_file(slug, "reference_timings")
-    if path is not None:
-        rows = read_rows(path).assign(device=slug)
-        warehouse().replace_partition("reference_timings", slug, rows)
-        print(f"devchar: reference_timings: {len(rows)} rows for {slug}")
 
 
 def summary(device: str, run_id: str | None = None) -> str:

@@ -251,10 +251,11 @@ def sweep_embedding(dev: DeviceIdentity, profile_name, log=None) -> list[dict]:
     if cold is not None:
         spec, flush_half, cost_s = cold
         states.append((True, spec, flush_half))
-        cold_at = cold_subset(todo, cost_s * len(DIRECTIONS), s.cold_budget_s * timing_scale())
+        budget_s = s.cold_budget_s * timing_scale()
+        cold_at = cold_subset(todo, cost_s * len(DIRECTIONS), budget_s)
         if len(cold_at) < len(todo):
             prog.log(f"[embedding_samples] a cold timing costs {cost_s:.2f} s of flushing: {len(cold_at)} of "
-                     f"{len(todo)} points timed cold (cold_budget_s={s.cold_budget_s * timing_scale():.0f})")
+                     f"{len(todo)} points timed cold (cold_budget_s={budget_s:.0f})")
     tables, rows, skipped = _Tables(dev.torch_device), [], 0
     for i, (dtype, p) in enumerate(todo):
         try:

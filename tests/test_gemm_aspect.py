@@ -72,12 +72,13 @@ def test_unaligned_twins_price_rows_that_end_mid_cache_line(synthetic_gemm_model
 
 
 def test_the_cpu_sweep_has_unaligned_twins_of_the_aspect_cells(cpu):
-    from pipeline.sweeps.gemm import sweep_points
+    from pipeline.sweeps.gemm import TWO, sweep_points
     from pipeline.sweeps.profiles import get_profile
 
     profile = get_profile("quick", "cpu")
     pts = sweep_points(cpu, profile, {})
-    cells = {(p.op, p.dtype, p.m, p.n, p.k) for p in pts if p.grid == "aspect" and p.k == profile.gemm_twin_k}
+    cells = {(p.op, p.dtype, p.m, p.n, p.k) for p in pts
+             if p.grid == "aspect" and p.k == profile.gemm_twin_k and TWO not in (p.m, p.n)}
     twins_n = {(p.op, p.dtype, p.m, p.n - 1, p.k) for p in pts if p.grid == "unaligned_n"}
     twins_k = {(p.op, p.dtype, p.m, p.n, p.k - 1) for p in pts if p.grid == "unaligned_k"}
     assert cells and cells <= twins_n and cells <= twins_k
@@ -139,3 +140,32 @@ def test_aspect_correction_is_zero_at_the_square_cell_in_elements():
     rel = relative_to_square(grid)
     assert rel[2, 2] == pytest.approx(0.0)
     assert rel[1, 3] == pytest.approx(0.2) and rel[3, 1] == pytest.approx(0.1)
+
+
+def test_the_aspect_grid_times_two_rows_and_two_columns_without_twins(cpu):
+    from pipeline.sweeps.gemm import TWO, aspect_points
+    from pipeline.sweeps.profiles import get_profile
+
+    quick = get_profile("quick", "cpu")
+    pts = aspect_points(cpu, quick)
+    cells = {(p.m, p.n) for p in pts if p.grid == "aspect"}
+    assert {(TWO, 1), (1, TWO), (TWO, TWO), (TWO, 1024), (1024, TWO)} <= cells
+    bases = {(p.m, p.n - (p.grid == "unaligned_n")) for p in pts if p.grid != "aspect"}
+    assert not [b for b in bases if TWO in b]  # twins of the powers of 4 only
+    assert len({(p.op, p.dtype, p.m, p.n, p.k, p.grid) for p in pts}) == len(pts)  # each point once
+
+
+def test_a_size_with_only_skinny_cells_takes_its_reference_between_square_ones():
+    """Sides (1, 2, 4, 16): the size-32 anti-diagonal holds 2 x 16 and 16 x 2 alone. Against
+    themselves they would read 0; their reference is the square one between sizes 16 (4 x 4)
+    and 64 (4 x 16), linear in log2 size, so a two-row slowdown the squares lack is kept."""
+    from pipeline.predict.gemm_grids import relative_to_square
+
+    sides = [1.0, 2.0, 4.0, 16.0]
+    grid = pd.DataFrame(np.zeros((4, 4)), index=sides, columns=sides)
+    grid.loc[4.0, 4.0], grid.loc[4.0, 16.0], grid.loc[16.0, 4.0] = 0.1, 0.3, 0.3  # sizes 16 and 64
+    grid.loc[2.0, 16.0], grid.loc[16.0, 2.0] = 0.9, 0.5  # size 32
+    rel = relative_to_square(grid)
+    assert rel[1, 3] == pytest.approx(0.9 - 0.2) and rel[3, 1] == pytest.approx(0.5 - 0.2)
+    assert rel[2, 2] == pytest.approx(0.0) and rel[2, 3] == pytest.approx(0.0)  # square-ish sizes as before
+    assert rel[1, 2] == pytest.approx(0.0)  # 2 x 4 (skew 1) is its own size's square cell

@@ -57,6 +57,11 @@ def ends_mid_line(dim, dtype: str) -> np.ndarray:
     return (nbytes % LINE_BYTES != 0) & (nbytes > LINE_BYTES)
 
 
+# A cell at most this far from square (|log2 M - log2 N|) can stand for its output size: one
+# step of the aspect grid's powers of 4 (4 x 16 for 64 outputs, where no 8 x 8 is timed).
+NEAR_SQUARE_SKEW = 2.0
+
+
 def relative_to_square(grid: pd.DataFrame, one_wave: float = 0.0) -> np.ndarray:
     """Each cell of a (M x N) log-ratio grid minus its anti-diagonal's most square cells (the
     same output size M*N, |log M - log N| smallest), square in elements as the whole-wave
@@ -75,12 +80,20 @@ def relative_to_square(grid: pd.DataFrame, one_wave: float = 0.0) -> np.ndarray:
     vals = grid.to_numpy(float)
     size = np.round(logm[:, None] + logn[None, :], 6)
     skew = np.round(np.abs(logm[:, None] - logn[None, :]), 6)
-    out = np.full_like(vals, np.nan)
-    for s in np.unique(size):
+    sizes = np.unique(size[~np.isnan(vals)])
+    ref = np.full(sizes.size, np.nan)  # the most square cells' mean, per output size
+    squarish = np.zeros(sizes.size, bool)
+    for i, s in enumerate(sizes):
         on = (size == s) & ~np.isnan(vals)
-        if on.any():
-            square = on & (skew == skew[on].min())
-            out[size == s] = vals[size == s] - (0.0 if 2.0 ** s < one_wave else vals[square].mean())
+        least = skew[on].min()
+        ref[i], squarish[i] = vals[on & (skew == least)].mean(), least <= NEAR_SQUARE_SKEW
+    if squarish.any():  # a size whose cells are all skinny (the grid's side of 2 against powers
+        # of 4: 2 x 16 and 16 x 2 alone at 32) takes its reference between the sizes that hold a
+        # near-square cell, linear in log2 size, held beyond them: against itself it would be 0
+        ref = np.where(squarish, ref, np.interp(sizes, sizes[squarish], ref[squarish]))
+    out = np.full_like(vals, np.nan)
+    for s, r in zip(sizes, ref):
+        out[size == s] = vals[size == s] - (0.0 if 2.0 ** s < one_wave else r)
     return out
 
 

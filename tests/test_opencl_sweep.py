@@ -240,3 +240,24 @@ def test_asset_stores_the_device_rows_and_passes_its_checks(devchar_home):
     assert checks["finite_positive"] and checks["some_launches_ok"]
     n = DuckDBWarehouse().query("SELECT count(*) AS n FROM opencl_launches WHERE device = ?", [slug])["n"].iloc[0]
     assert n >= 20
+
+
+def test_a_dead_workers_last_words_go_into_the_crash_row_not_the_terminal(capfd):
+    """A kernel that writes past its buffers makes glibc abort the worker with its own message;
+    that message belongs in the crash row, not in the middle of `devchar run`'s output."""
+    import sys
+
+    from pipeline.opencl.sweep.execute import KernelRunner, Launch
+
+    class Aborting(KernelRunner):  # a worker that dies as a heap-corrupting kernel makes it die
+        @staticmethod
+        def _worker_argv(fd: int) -> list[str]:
+            return [sys.executable, "-c", "import os, sys, time; time.sleep(0.5); "
+                    "sys.stderr.write('free(): corrupted unsorted chunks\\n'); sys.stderr.flush(); os.abort()"]
+
+    args = [{"name": "a", "type": "__global float *", "kind": "global", "element": "float", "elements": 8}]
+    with Aborting() as runner:
+        got = runner.run("__kernel void f(__global float* a) {}", "f", [Launch(8, 8, args)])
+    assert got[0].status == "crash"
+    assert got[0].error == "worker killed by signal 6: free(): corrupted unsorted chunks during build"
+    assert "corrupted" not in capfd.readouterr().err

@@ -16,6 +16,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 from multiprocessing.connection import Connection
 from pathlib import Path
 from dataclasses import dataclass, field
@@ -63,6 +64,7 @@ class KernelRunner:
         self.limits, self.timing, self.recycle_after = limits, timing, recycle_after
         self.device_type = device_type
         self._proc = self._conn = None
+        self._stderr = None  # the worker's stderr, a file: its last line says why it died
         self._jobs = 0
         self.restarts = 0
 
@@ -118,11 +120,19 @@ class KernelRunner:
             ours, theirs = socket.socketpair()
             env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(_REPO_ROOT),
                                                                               os.environ.get("PYTHONPATH")]))}
-            self._proc = subprocess.Popen([sys.executable, "-m", "pipeline.opencl.sweep.worker", str(theirs.fileno())],
-                                          pass_fds=[theirs.fileno()], env=env, stdin=subprocess.DEVNULL)
+            # Its stderr goes to a file, not the terminal: a kernel that writes past its buffers
+            # makes glibc abort the worker with "free(): corrupted unsorted chunks", which read
+            # like devchar crashing in the middle of `devchar run`; the crash row carries it.
+            self._stderr = tempfile.TemporaryFile()
+            self._proc = subprocess.Popen(self._worker_argv(theirs.fileno()), pass_fds=[theirs.fileno()], env=env,
+                                          stdin=subprocess.DEVNULL, stderr=self._stderr)
             theirs.close()
             self._conn, self._jobs = Connection(ours.detach()), 0
             self._conn.send((self.limits.mem_limit_mb, self.timing, self.device_type))
+
+    @staticmethod
+    def _worker_argv(fd: int) -> list[str]:
+        return [sys.executable, "-m", "pipeline.opencl.sweep.worker", str(fd)]
 
     def _kill(self) -> None:
         if self._proc is not None:
@@ -131,7 +141,20 @@ class KernelRunner:
             self._proc.wait()
             self._conn.close()
             self.restarts += 1
-        self._proc = self._conn = None
+        if self._stderr is not None:
+            self._stderr.close()
+        self._proc = self._conn = self._stderr = None
+
+    def _last_words(self) -> str:
+        """The last line the dead worker wrote to stderr (glibc's abort message, a Python
+        traceback's last line), or nothing."""
+        try:
+            self._stderr.flush()
+            self._stderr.seek(max(self._stderr.seek(0, os.SEEK_END) - 4096, 0))
+            lines = self._stderr.read().decode("utf-8", "replace").strip().splitlines()
+        except (OSError, ValueError, AttributeError):
+            return ""
+        return f": {lines[-1].strip()[:200]}" if lines else ""
 
     def _recv(self, timeout_s: float):
         """The next message, or "timeout" / ("crash", text) when the worker overran or died."""
@@ -145,9 +168,10 @@ class KernelRunner:
         except subprocess.TimeoutExpired:  # alive but silent: overran its time
             self._kill()
             return "timeout"
+        why = (f"worker died (exit code {code})" if code and code > 0
+               else f"worker killed by signal {-(code or 0)}") + self._last_words()
         self._kill()
-        return ("crash", f"worker died (exit code {code})" if code and code > 0
-                else f"worker killed by signal {-(code or 0)}")
+        return ("crash", why)
 
     def _run_job(self, source: str, name: str, launches: list[Launch]) -> tuple[list[LaunchResult], str | None]:
         self._ensure()

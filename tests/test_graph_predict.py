@@ -104,3 +104,25 @@ def test_op_breakdown_groups_traced_and_predicted_time_by_op():
     assert (top["name"], top["count"], top["traced_us"], top["predicted_us"]) == ("aten::addmm", 2, 150.0, 120.0)
     assert abs(top["predicted_over_traced"] - 0.8) < 1e-9 and abs(t["share_of_traced"].sum() - 1) < 1e-9
     assert list(t["name"]) == ["aten::addmm", "aten::rotary", "aten::view"]
+
+
+def test_active_time_takes_the_profilers_cost_of_each_nested_event_off_its_parent():
+    """A priced op of 100 us self time with three events nested in it, at 4 us per event, ran
+    88 us of its own; a covered one with none keeps its 10; free and dropped ops are not active
+    time. The per-event cost is the one recorded with this run's trace."""
+    from pipeline.core.graph import ExecutionGraph, Op
+    from pipeline.predict.graph_predict import per_event_us, traced_active_us
+
+    graph = ExecutionGraph([Op(0, "aten::addmm", children=(1, 2, 3)), Op(1, "aten::t", parent=0),
+                            Op(2, "aten::view", parent=0), Op(3, "aten::copy_", parent=0),
+                            Op(4, "aten::add_"), Op(5, "aten::rotary")])
+    ops = [{"id": 0, "status": "priced", "measured_us": 100.0}, {"id": 1, "status": "free", "measured_us": 5.0},
+           {"id": 2, "status": "free", "measured_us": 5.0}, {"id": 3, "status": "covered", "measured_us": 10.0},
+           {"id": 4, "status": "covered", "measured_us": 10.0}, {"id": 5, "status": "dropped", "measured_us": 30.0}]
+    assert traced_active_us(graph, ops) == pytest.approx(120.0)
+    assert traced_active_us(graph, ops, 4.0) == pytest.approx(88.0 + 10.0 + 10.0)
+    assert traced_active_us(graph, ops, 50.0) == pytest.approx(0.0 + 10.0 + 10.0)  # never below 0
+    samples = pd.DataFrame([dict(workload="gpt2", config="a", batch=1, us=1.0, profiler_overhead_us=4.0),
+                            dict(workload="dlrm", config="b", batch=8, us=1.0, profiler_overhead_us=2.5)])
+    assert per_event_us(samples, {"workload": "dlrm", "config": "b", "batch": 8}) == 2.5
+    assert per_event_us(samples.drop(columns="profiler_overhead_us"), {"workload": "dlrm"}) == 0.0

@@ -4,9 +4,11 @@
 # one stage per call; everything lands under $OUT/ref:
 #   bash scripts/cpu_calibrate.sh kernels   # device gemm utility attention (16-core Xeon: ~9 min)
 #   bash scripts/cpu_calibrate.sh graphs    # workloads traces memory embedding (~3 min)
-# The bare node has torch and numpy only: `python -m pipeline.runner` needs nothing else. Back
-# here: copy $OUT/ref/*.parquet into models_store/reference/<slug>/ (the slug is the `device`
-# column), then `DEVCHAR_HOME=$(mktemp -d) devchar run --device <slug>`; docs/gpu.md has the rest.
+# The bare node has torch and numpy only: `python -m pipeline.runner` needs nothing else (it
+# writes .jsonl where pyarrow is missing). Back here: copy $OUT/ref/* into
+# models_store/reference/<slug>/ (the slug is the `device` column; the loader skips the .txt),
+# then `DEVCHAR_HOME=$(mktemp -d) devchar run --device <slug>`; docs/gpu.md has the rest.
+# Both stages and a machine start come to ~14 min of a 15-minute device budget: check `status`.
 set -euo pipefail
 OUT="${OUT:?run through the device tool, which sets OUT}"
 PROFILE="${DEVCHAR_PROFILE:-quick}"

@@ -169,3 +169,24 @@ def test_a_size_with_only_skinny_cells_takes_its_reference_between_square_ones()
     assert rel[1, 3] == pytest.approx(0.9 - 0.2) and rel[3, 1] == pytest.approx(0.5 - 0.2)
     assert rel[2, 2] == pytest.approx(0.0) and rel[2, 3] == pytest.approx(0.0)  # square-ish sizes as before
     assert rel[1, 2] == pytest.approx(0.0)  # 2 x 4 (skew 1) is its own size's square cell
+
+
+def test_the_twins_smoothing_ignores_the_rows_and_columns_of_two_that_have_no_twins():
+    """Row M = 1 with two slow twins (0.8) among 0.05s: its 3 x 3 median is 0.05 on the powers of
+    4 alone, and must stay so when the untwinned rows and columns of 2 sit between it and M = 4
+    (they would leave M = 1 its own row only); those get their neighbours' values."""
+    from pipeline.predict.gemm_grids import median_on_measured, neighbourhood_median
+
+    pow4 = np.array([1.0, 4.0, 16.0, 64.0, 256.0, 1024.0])
+    cells = np.full((6, 6), 0.05)
+    cells[0, 3] = cells[0, 4] = 0.8
+    plain = neighbourhood_median(cells)
+    np.testing.assert_allclose(median_on_measured(cells, pow4, pow4), plain)  # as before on powers of 4
+    sides = np.array([1.0, 2.0, 4.0, 16.0, 64.0, 256.0, 1024.0])
+    with_two = np.full((7, 7), np.nan)
+    keep = [0, 2, 3, 4, 5, 6]
+    with_two[np.ix_(keep, keep)] = cells
+    got = median_on_measured(with_two, sides, sides)
+    np.testing.assert_allclose(got[np.ix_(keep, keep)], plain)
+    assert np.allclose(got[1, keep], (plain[0] + plain[1]) / 2)  # M = 2: halfway in log2 between 1 and 4
+    assert np.allclose(got[keep, 1], (plain[:, 0] + plain[:, 1]) / 2)

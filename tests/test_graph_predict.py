@@ -66,6 +66,13 @@ def test_predict_runs_three_predictors_and_table_v(dlrm_captures, flat):
     tv = table_v(pred)
     assert {"kernel_only", "e2e_individual", "e2e_shared"} <= set(tv["predictor"])
     assert (tv["min_abs_err"] <= tv["geomean_abs_err"] + 1e-12).all()
+    # the profiler's per-event cost comes off a CPU op's traced time, never off a GPU kernel's
+    costly = pd.DataFrame(samples).assign(profiler_overhead_us=0.5)
+    for synchronous, lower in ((True, True), (False, False)):
+        plain = predict_runs(runs, pd.DataFrame(graphs), pd.DataFrame(samples), models, synchronous=synchronous)
+        less = predict_runs(runs, pd.DataFrame(graphs), costly, models, synchronous=synchronous)
+        assert ((less["active_measured_ms"] < plain["active_measured_ms"]).all() if lower
+                else (less["active_measured_ms"] == plain["active_measured_ms"]).all())
 
 
 def test_predict_module_for_a_gpu_target_walks_algorithm1_asynchronously(synthetic_gemm_model):

@@ -261,3 +261,22 @@ def test_a_dead_workers_last_words_go_into_the_crash_row_not_the_terminal(capfd)
     assert got[0].status == "crash"
     assert got[0].error == "worker killed by signal 6: free(): corrupted unsorted chunks during build"
     assert "corrupted" not in capfd.readouterr().err
+
+
+def test_a_worker_that_dies_starting_says_why():
+    """No pyopencl, no platform, a memory limit too small for the driver: the worker's own last
+    line, not a bare connection reset."""
+    import sys
+
+    import pytest
+
+    from pipeline.opencl.sweep.execute import KernelRunner
+
+    class Broken(KernelRunner):
+        @staticmethod
+        def _worker_argv(fd: int) -> list[str]:
+            return [sys.executable, "-c", "import time; time.sleep(0.5); "
+                    "raise ModuleNotFoundError(\"No module named 'pyopencl'\")"]
+
+    with Broken() as runner, pytest.raises(RuntimeError, match="died before answering.*No module named 'pyopencl'"):
+        runner.device_info()

@@ -19,7 +19,7 @@ from pipeline.core.errors import BadShapeError, MissingModelError, check_positiv
 from pipeline.predict.geometry import bilinear, grid_position
 from pipeline.predict.geometry import waves as count_waves
 from pipeline.predict.gemm_grids import (LINE_BYTES, UNALIGNED_GRIDS, ends_mid_line, fill_capped, is_aligned,
-                                         is_cold, neighbourhood_median, no_faster_with_more_waves,
+                                         is_cold, median_on_measured, no_faster_with_more_waves,
                                          relative_to_square)
 from pipeline.predict.gemm_batch import BATCH_GRID, BatchCorrection
 from pipeline.predict.page_faults import OutputFaults, without_faults
@@ -172,7 +172,8 @@ class GemmTable(DataclassJSON):
             cells = pair.pivot_table(index="m", columns="n", values="log_ratio", aggfunc="median")
             cells = cells.reindex(index=self.aspect_m, columns=self.aspect_n).to_numpy(float)
             # columns narrower than a line hold no measurement of their own: not filled from beside
-            out[name] = neighbourhood_median(cells) * (self.aspect_n * element_bytes(self.dtype) >= LINE_BYTES)
+            out[name] = median_on_measured(cells, self.aspect_m, self.aspect_n) * (
+                self.aspect_n * element_bytes(self.dtype) >= LINE_BYTES)
         return replace(self, **out)
 
     def with_cold(self, hot: pd.DataFrame, cold: pd.DataFrame) -> "GemmTable":

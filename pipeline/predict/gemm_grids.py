@@ -23,6 +23,21 @@ def neighbourhood_median(cells: np.ndarray) -> np.ndarray:
     return out
 
 
+def median_on_measured(cells: np.ndarray, ms: np.ndarray, ns: np.ndarray) -> np.ndarray:
+    """neighbourhood_median over the rows and columns that hold a measurement, the others then
+    filled linearly in log2 M (rows, `ms`) and log2 N (columns, `ns`), held at the edges: the
+    aspect grid's rows and columns of 2 have no twins, and left in, they would take the M = 1 row's
+    neighbours away (its median would be its own row's, one slow twin pricing a decode LM head)."""
+    rows, cols = ~np.isnan(cells).all(axis=1), ~np.isnan(cells).all(axis=0)
+    out = np.zeros_like(cells)
+    if not rows.any():
+        return out
+    sub = neighbourhood_median(cells[np.ix_(rows, cols)])
+    lm, ln = np.log2(np.asarray(ms, float)), np.log2(np.asarray(ns, float))
+    per_col = np.stack([np.interp(lm, lm[rows], sub[:, j]) for j in range(sub.shape[1])], axis=1)
+    return np.stack([np.interp(ln, ln[cols], per_col[i]) for i in range(per_col.shape[0])], axis=0)
+
+
 # Rows that fill whole cache lines are what the grids measured; 64 bytes is the line of every
 # x86-64 and of most ARM server cores. What misalignment costs is measured (the twins), not assumed.
 LINE_BYTES = 64

@@ -110,7 +110,9 @@ def predict_runs(runs: pd.DataFrame, graphs: pd.DataFrame, samples: pd.DataFrame
         got = predict_graph(graph, shapes, scalars, models, run["dtype"], overheads_for(samples, key), synchronous,
                             strides, output_free_us(returned_of(g["graph_json"]), free))
         cov = got["coverage"]
-        active_measured = traced_active_us(graph, cov["ops"], per_event_us(samples, key)) / 1e3
+        # the profiler's host cost lengthens a CPU op's inline work, never a GPU kernel
+        per_event = per_event_us(samples, key) if synchronous else 0.0
+        active_measured = traced_active_us(graph, cov["ops"], per_event) / 1e3
         for p in PREDICTORS:
             if p not in got:
                 continue

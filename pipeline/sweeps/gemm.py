@@ -270,7 +270,9 @@ def cold_points(dev: DeviceIdentity, profile: Profile, cache_bytes: int | None,
         return p.op in ASPECT_OPS and p.n * p.k * element_bytes(p.dtype) * MAX_COPIES >= 2 * cache_bytes
 
     k = max(profile.gemm_aspect_k)
-    grid = [replace(p, grid=COLD_GRID) for p in aspect_points(dev, profile) if p.grid == "aspect" and p.k == k]
+    # on the powers of 4, as the unaligned twins: the fit fills the rows of 2 from beside them
+    grid = [replace(p, grid=COLD_GRID) for p in aspect_points(dev, profile)
+            if p.grid == "aspect" and p.k == k and TWO not in (p.m, p.n)]
     return [p for p in grid if rotates(p)] + [replace(p, grid=COLD_HELDOUT) for p in heldout if rotates(p)]
 
 

@@ -77,11 +77,20 @@ class KernelRunner:
     def device_info(self) -> dict:
         """name, compute_units, max_work_group_size, preferred_multiple, global_mem_bytes of the device."""
         self._ensure()
-        self._conn.send(("info",))
-        if not self._conn.poll(self.limits.build_timeout_s):
+        try:
+            self._conn.send(("info",))
+            if self._conn.poll(self.limits.build_timeout_s):
+                return self._conn.recv()
+        except (EOFError, OSError):  # it died starting (no pyopencl, no platform, RLIMIT_AS)
+            try:
+                self._proc.wait(2.0)
+            except subprocess.TimeoutExpired:
+                pass
+            why = f"OpenCL worker died before answering the device query{self._last_words()}"
             self._kill()
-            raise RuntimeError("OpenCL worker did not answer the device query")
-        return self._conn.recv()
+            raise RuntimeError(why) from None
+        self._kill()
+        raise RuntimeError("OpenCL worker did not answer the device query")
 
     def run(self, source: str, name: str, launches: list[Launch]) -> list[LaunchResult]:
         results: list[LaunchResult] = []
@@ -120,6 +129,7 @@ class KernelRunner:
             ours, theirs = socket.socketpair()
             env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(_REPO_ROOT),
                                                                               os.environ.get("PYTHONPATH")]))}
+            env.pop("PYTHONFAULTHANDLER", None)  # its stack dump would bury glibc's last line
             # Its stderr goes to a file, not the terminal: a kernel that writes past its buffers
             # makes glibc abort the worker with "free(): corrupted unsorted chunks", which read
             # like devchar crashing in the middle of `devchar run`; the crash row carries it.

@@ -79,18 +79,14 @@ class KernelRunner:
         self._ensure()
         try:
             self._conn.send(("info",))
-            if self._conn.poll(self.limits.build_timeout_s):
-                return self._conn.recv()
-        except (EOFError, OSError):  # it died starting (no pyopencl, no platform, RLIMIT_AS)
-            try:
-                self._proc.wait(2.0)
-            except subprocess.TimeoutExpired:
-                pass
-            why = f"OpenCL worker died before answering the device query{self._last_words()}"
-            self._kill()
-            raise RuntimeError(why) from None
-        self._kill()
-        raise RuntimeError("OpenCL worker did not answer the device query")
+        except OSError:  # it died starting (no pyopencl, no platform, RLIMIT_AS): _recv says how
+            pass
+        msg = self._recv(self.limits.build_timeout_s)
+        if msg == "timeout":
+            raise RuntimeError("OpenCL worker did not answer the device query")
+        if isinstance(msg, tuple) and msg[0] == "crash":
+            raise RuntimeError(f"OpenCL worker died before answering the device query: {msg[1]}")
+        return msg
 
     def run(self, source: str, name: str, launches: list[Launch]) -> list[LaunchResult]:
         results: list[LaunchResult] = []

@@ -144,7 +144,14 @@ def run_sweep_tables(sweep: str, device: str = "auto", profile: str = "quick", r
             random_pool.release()  # the pools hold the sweep's largest inputs
     # a sweep returns its main table's rows, or {table: rows} when one run fills several
     tables = result if isinstance(result, dict) else {SWEEPS[sweep]: result}
-    speed = {"canary_us": (before + _canary(dev, sweep)) / 2} if before else {}
+    speed = {}
+    if before:
+        from pipeline.harness.canary import sweep_speed
+
+        probe_us, stalled = sweep_speed(before, _canary(dev, sweep))
+        speed = {"canary_us": probe_us}
+        if stalled:
+            _say(f"warning: {sweep}: {stalled}", log)
     for table, rows in tables.items():
         stamp = speed if table in CANARY_TABLES else {}
         for r in rows:

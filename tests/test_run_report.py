@@ -158,3 +158,18 @@ def test_the_summary_sets_the_workload_runs_speed_probe_against_the_gemm_sweeps(
     assert "the speed probe ran 10.0% slower during the workload runs" in text and "predictions under" in text
     no_probe = {**tables, "workload_runs": pd.DataFrame({"device": "d", "measured_ms": [1.0]})}
     assert "speed probe" not in render_summary(Warehouse(no_probe), "d")
+    # the 16-core host's take of 2026-11-26: one probe around its GEMM sweep stalled (3 ms
+    # beside 77 us); that is no "97.5% faster", and the summary must not say so
+    stalled = {**tables, "gemm_samples": pd.DataFrame({"device": "d", "canary_us": [3063.0]}),
+               "workload_runs": pd.DataFrame({"device": "d", "canary_us": [77.0]})}
+    text = render_summary(Warehouse(stalled), "d")
+    assert "a stalled probe, not the machine drifting" in text and "faster" not in text
+
+
+def test_a_sweep_keeps_the_quicker_probe_reading_and_warns_only_on_a_stall():
+    from pipeline.harness.canary import sweep_speed
+
+    assert sweep_speed(100.0, 110.0) == (100.0, None)  # drift: kept quiet, the quicker reading
+    assert sweep_speed(120.0, 100.0) == (100.0, None)
+    probe, warning = sweep_speed(78.0, 6000.0)
+    assert probe == 78.0 and "6000 us after" in warning and "stalled" in warning

@@ -63,7 +63,7 @@ def _speed_drift(warehouse, device: str) -> list[str]:
     by the probe each sweep timed (harness/canary.py); nothing without both probes."""
     import pandas as pd
 
-    from pipeline.harness.canary import drift
+    from pipeline.harness.canary import STALLED_RATIO, apart, drift
 
     med = {}
     for table in ("gemm_samples", "workload_runs"):
@@ -73,6 +73,10 @@ def _speed_drift(warehouse, device: str) -> list[str]:
                 med[table] = float(pd.to_numeric(rows["canary_us"]).median())
     if len(med) < 2:
         return []
+    if apart(med["gemm_samples"], med["workload_runs"]):  # e.g. a take whose GEMM probe stalled
+        return [f"\nmachine speed: the speed probe read {med['gemm_samples']:.0f} us during the GEMM sweep and "
+                f"{med['workload_runs']:.0f} us during the workload runs, more than {STALLED_RATIO:g}x apart: a "
+                "stalled probe, not the machine drifting; no drift read from it"]
     d = drift(med["gemm_samples"], med["workload_runs"])
     return [f"\nmachine speed: the speed probe ran {abs(d):.1%} {'slower' if d > 0 else 'faster'} during the "
             f"workload runs than during the GEMM sweep; predictions {'under' if d > 0 else 'over'} the measured "

@@ -1,25 +1,34 @@
 #!/usr/bin/env bash
 # A CPU calibration of the GPU machine's host (issue 14: validate on more than one CPU) in
 # device-tool calls of at most 10 minutes each. Run from the repository root on that machine,
-# one stage per call; everything lands under $OUT/ref:
-#   bash scripts/cpu_calibrate.sh kernels   # device gemm utility attention (16-core Xeon: ~9 min)
-#   bash scripts/cpu_calibrate.sh graphs    # workloads traces memory embedding (~3 min)
+# one stage per call; the tables land under $OUT/ref, the log (lscpu and load included) in
+# $OUT/<stage>.log:
+#   bash scripts/cpu_calibrate.sh kernels   # device gemm utility attention (16-core Xeon: ~5 min)
+#   bash scripts/cpu_calibrate.sh graphs    # workloads traces memory embedding + the HF configs' runs (~7 min)
 # The bare node has torch and numpy only: `python -m pipeline.runner` needs nothing else (it
 # writes .jsonl where pyarrow is missing). Back here: copy $OUT/ref/* into
-# models_store/reference/<slug>/ (the slug is the `device` column; the loader skips the .txt),
-# then `DEVCHAR_HOME=$(mktemp -d) devchar run --device <slug>`; docs/gpu.md has the rest.
-# Both stages and a machine start come to ~14 min of a 15-minute device budget: check `status`.
+# models_store/reference/<slug>/ (the slug is the `device` column; the loader passes over the
+# .json), then `DEVCHAR_HOME=$(mktemp -d) devchar run --device <slug>`; docs/gpu.md has the rest.
+# Both stages and a machine start come to ~13 min of a 15-minute device budget: check `status`.
+# The device tool brings back at most 8 files a call: a stage writes 5 tables at most, its
+# hf_measured.json and one log, and says so when $OUT holds more.
 set -euo pipefail
 OUT="${OUT:?run through the device tool, which sets OUT}"
 PROFILE="${DEVCHAR_PROFILE:-quick}"
-mkdir -p "$OUT/ref"
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # scripts/ imports the repo's pipeline, not installed there
 case "${1:?stage: kernels or graphs}" in
   kernels) sweeps=(device gemm utility attention) ;;
   graphs)  sweeps=(workloads traces memory embedding) ;;
   *) echo "unknown stage $1; expected kernels or graphs" >&2; exit 2 ;;
 esac
-lscpu > "$OUT/ref/lscpu.txt" 2>&1 || true
-uptime > "$OUT/ref/uptime-$1.txt" 2>&1 || true  # a busy host shows here first
+mkdir -p "$OUT/ref"
+log="$OUT/$1.log"
+{ lscpu; uptime; } > "$log" 2>&1 || true  # a busy host shows in the load first
 start=$(date +%s)
-python3 -m pipeline.runner "${sweeps[@]}" --device cpu --profile "$PROFILE" --out "$OUT/ref" 2>&1 | tee "$OUT/$1.log"
-echo "cpu_calibrate $1: $(( $(date +%s) - start )) s" | tee -a "$OUT/$1.log"
+python3 -m pipeline.runner "${sweeps[@]}" --device cpu --profile "$PROFILE" --out "$OUT/ref" 2>&1 | tee -a "$log"
+if [ "$1" = graphs ]; then  # unseen configs for `devchar predict --hf-config` to be checked against
+  python3 scripts/measure_hf.py --out "$OUT/ref/hf_measured.json" 2>&1 | tee -a "$log"
+fi
+echo "cpu_calibrate $1: $(( $(date +%s) - start )) s" | tee -a "$log"
+n=$(find "$OUT" -type f | wc -l)
+[ "$n" -le 8 ] || echo "warning: $n files under \$OUT; the device tool brings back 8" | tee -a "$log"

@@ -19,3 +19,7 @@ case "${1:?stage: tests, kernels or graphs}" in
              --profile "$PROFILE" --out "$OUT/ref" 2>&1 | tee "$OUT/graphs.log" ;;
   *) echo "unknown stage $1" >&2; exit 2 ;;
 esac
+# The device tool brings back 8 files a call (kernels: 6 tables, nvidia-smi.csv and the log):
+# say so where a change made a stage write more, rather than lose a table silently.
+n=$(find "$OUT" -type f | wc -l)
+[ "$n" -le 8 ] || echo "warning: $n files under \$OUT; the device tool brings back 8" >&2

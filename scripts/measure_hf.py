@@ -23,14 +23,20 @@ ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ("smollm2-135m", "qwen2.5-0.5b", "qwen3-0.6b")
 
 
+def _repo_relative(path: str) -> str:
+    """A fixture's path as the repository names it, wherever the script was run from."""
+    resolved = Path(path).resolve()
+    return str(resolved.relative_to(ROOT)) if resolved.is_relative_to(ROOT) else path
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True, help="the JSON file to write")
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--seq", type=int, default=128)
     ap.add_argument("--dtype", default="float32")
-    ap.add_argument("--configs", nargs="+", default=[f"tests/fixtures/hf/{name}.json" for name in FIXTURES],
-                    help="config.json files (default: the three committed fixtures; paths from the repo root)")
+    ap.add_argument("--configs", nargs="+", default=[str(ROOT / "tests" / "fixtures" / "hf" / f"{name}.json") for name in FIXTURES],
+                    help="config.json files (default: the three committed fixtures)")
     args = ap.parse_args(argv)
 
     sys.path.insert(0, str(ROOT))  # the repo's pipeline: it is not installed on the GPU machine
@@ -51,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
                             generator=torch.Generator().manual_seed(0))
         t0 = time.perf_counter()
         m = pc.measure_call(model, {"input_ids": ids, "use_cache": False})
-        row = {"device": dev.slug, "config": path, "batch": args.batch, "seq": args.seq, "dtype": args.dtype,
+        row = {"device": dev.slug, "config": _repo_relative(path), "batch": args.batch, "seq": args.seq, "dtype": args.dtype,
                "median_us": m.median_us, "iqr_us": m.iqr_us, "cpu_util": m.cpu_util, "threads": torch.get_num_threads(),
                "torch": torch.__version__, "transformers": transformers.__version__,
                "taken_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}

@@ -89,7 +89,8 @@ def test_the_cpu_sweep_has_unaligned_twins_of_the_aspect_cells(cpu):
 
 def test_the_aspect_correction_follows_k(synthetic_gemm_model):
     """A made-up CPU where M = 1 shapes run as the table says at K = 32 and 4x slower at K = 128:
-    the correction is per K of the aspect grid, linear in log2 K between them, held beyond."""
+    the correction is per K of the aspect grid, linear in log2 K between them, held above them
+    and faded out below the smallest."""
     table = synthetic_gemm_model.table("mm", "float32")
     sides = [1, 4, 16, 64]
     shapes = pd.DataFrame([dict(m=m, n=n, k=k, batch=1) for m in sides for n in sides for k in (32, 128)])
@@ -100,6 +101,11 @@ def test_the_aspect_correction_follows_k(synthetic_gemm_model):
     factor = lambda k: float(fixed.aspect_factor(1, 64, k))  # noqa: E731
     assert factor(32) == pytest.approx(1.0) and factor(128) == pytest.approx(4.0)
     assert factor(64) == pytest.approx(2.0) and factor(16) == pytest.approx(1.0) and factor(512) == pytest.approx(4.0)
+    # below the smallest K measured the correction fades in log2 K, to none at K = 1
+    low = table.with_aspect(shapes.assign(median_us=base * np.where(shapes["m"] == 1, 4.0, 1.0)))
+    assert float(low.aspect_factor(1, 64, 32)) == pytest.approx(4.0)
+    assert float(low.aspect_factor(1, 64, 16)) == pytest.approx(4.0 ** 0.8)  # log2 16 / log2 32
+    assert float(low.aspect_factor(1, 64, 1)) == pytest.approx(1.0)
     assert float(fixed.aspect_factor(16, 16, 128)) == pytest.approx(1.0)
     again = GemmTable.from_dict(json.loads(json.dumps(fixed.to_dict())))
     assert float(again.aspect_factor(1, 64, 64)) == pytest.approx(2.0)

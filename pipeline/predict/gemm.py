@@ -103,7 +103,14 @@ class GemmTable(DataclassJSON):
     def aspect_factor(self, m, n, k=None) -> np.ndarray | float:
         """How much slower (> 1) or faster a shape runs than the near-square one of the same
         output size the whole-wave table holds; 1 without an aspect grid. With a correction per
-        K: linear in log2 K between the grid's K values, held beyond them (k None: their median)."""
+        K: linear in log2 K between the grid's K values, held above them, and below the smallest
+        faded out in log2 K to none at K = 1 (k None: their median). Why the fade: with K = 1 a
+        GEMM is an outer product, whose cost is writing its M x N outputs whatever their shape;
+        the skinny-shape penalty is the K loop's loads of A and B amortized over fewer outputs,
+        and it shrinks with the K loop. Held at K = 64 instead, it priced linear float32
+        16 x 1699 x 4 at 55.8 us on the model-85 Xeon (14.5 measured, 14.7 without it); over
+        the four committed CPUs' held-out shapes the fade moved the (op, dtype) means by -17 to
+        +2 points (docs/methods.md)."""
         if self.aspect_log is None:
             return 1.0
         if self.aspect_log.ndim == 2:
@@ -115,7 +122,9 @@ class GemmTable(DataclassJSON):
         ik, fk, ik1 = grid_position(np.log2(self.aspect_k), np.log2(k))
         lo = np.take_along_axis(per_k, ik[..., None], -1)[..., 0]
         hi = np.take_along_axis(per_k, ik1[..., None], -1)[..., 0]
-        return np.exp(lo * (1 - fk) + hi * fk)
+        below = np.clip(np.log2(np.maximum(k, 1.0)) / np.log2(self.aspect_k[0]), 0.0, 1.0) \
+            if self.aspect_k[0] > 1 else 1.0
+        return np.exp((lo * (1 - fk) + hi * fk) * below)
 
     def alignment_factor(self, m, n, k) -> np.ndarray | float:
         """How much longer a shape whose N or K rows end mid cache line runs than an aligned

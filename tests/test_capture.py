@@ -2,6 +2,8 @@
 (price.py) and the callable / HF-config predictor (predict_callable.py)."""
 from __future__ import annotations
 
+import os
+
 import pandas as pd
 import pytest
 
@@ -203,3 +205,23 @@ def test_cli_predicts_a_hugging_face_config_it_has_never_seen(devchar_home, tmp_
     assert "--breakdown needs a captured model" in capsys.readouterr().err
     assert cli_main(["predict", "--device", "cpu-test", "--hf-config", str(cfg), "--batch", "2", "--seq", "65"]) == 2
     assert "seq=65" in capsys.readouterr().err
+
+
+def test_kineto_per_trace_lines_are_silenced_on_a_cpu_unless_the_user_chose(monkeypatch):
+    """torch 2.13 prints "USDT:... profiler_start/stop" on stderr for every capture (94 lines in
+    one `make run`); on a CPU-only machine the capture raises kineto's level past them."""
+    import torch
+
+    from pipeline.workloads.capture import KINETO_QUIET, quiet_kineto_on_cpu
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.delenv("KINETO_LOG_LEVEL", raising=False)
+    quiet_kineto_on_cpu()
+    assert os.environ["KINETO_LOG_LEVEL"] == KINETO_QUIET
+    monkeypatch.setenv("KINETO_LOG_LEVEL", "2")
+    quiet_kineto_on_cpu()
+    assert os.environ["KINETO_LOG_LEVEL"] == "2"
+    monkeypatch.delenv("KINETO_LOG_LEVEL")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # CUPTI's errors matter there
+    quiet_kineto_on_cpu()
+    assert "KINETO_LOG_LEVEL" not in os.environ

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -339,6 +340,10 @@ def main(argv: list[str] | None = None) -> int:
     ap = build_parser()
     ap.add_argument("--debug", action="store_true", help="show a traceback instead of a one-line error")
     args = ap.parse_args(argv)
+    # As the runner does: torch's C++ warnings (the execution-trace observer announces each
+    # capture of `predict --hf-config/--module`) would bury the answer; errors still print.
+    # Read when torch loads, which no command has done yet.
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
     try:
         return args.fn(args)
     except DevcharError as exc:

@@ -102,10 +102,27 @@ def returned_bytes(out) -> list[int]:
     return sorted(found, reverse=True)
 
 
+# Kineto's severity above its USDT level (5) and ERROR (4): torch 2.13 prints two
+# "USDT:... profiler_start/stop" lines on stderr per profiled call, 94 in one `make run`.
+KINETO_QUIET = "6"
+
+
+def quiet_kineto_on_cpu() -> None:
+    """Silence kineto's per-trace stderr lines where no GPU is profiled; read once, at the
+    process's first profiler start. On a GPU machine its errors are CUPTI's, which matter,
+    so nothing changes there; a KINETO_LOG_LEVEL the user set is kept."""
+    import torch
+
+    if not torch.cuda.is_available():
+        os.environ.setdefault("KINETO_LOG_LEVEL", KINETO_QUIET)
+
+
 def _profile(fn, tmp: str, et) -> dict:
     """One profiled call of fn; its Chrome trace as a dict."""
     import torch
     from torch.profiler import ProfilerActivity, profile
+
+    quiet_kineto_on_cpu()
 
     # CUDA activity too where a GPU is present: its kernels and launches are what T2-T5 and
     # the graph's kernels come from. (A CPU-only workload on a GPU machine just has none.)

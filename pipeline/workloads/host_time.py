@@ -74,6 +74,9 @@ def measure_profiler_overhead(n_ops: int = 2000, repeats: int = 5) -> float:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
+    from pipeline.workloads.capture import quiet_kineto_on_cpu
+
+    quiet_kineto_on_cpu()
     x = torch.zeros(4)
 
     def loop():

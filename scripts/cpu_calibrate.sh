@@ -15,7 +15,6 @@
 set -euo pipefail
 OUT="${OUT:?run through the device tool, which sets OUT}"
 PROFILE="${DEVCHAR_PROFILE:-quick}"
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # scripts/ imports the repo's pipeline, not installed there
 case "${1:?stage: kernels or graphs}" in
   kernels) sweeps=(device gemm utility attention) ;;
   graphs)  sweeps=(workloads traces memory embedding) ;;

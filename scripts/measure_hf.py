@@ -53,10 +53,8 @@ def main(argv: list[str] | None = None) -> int:
     for path in args.configs:
         config = pc.check_hf_config(path, args.batch, args.seq, args.dtype)
         model = pc.build_causal_lm(path, args.dtype, config=config)
-        ids = torch.randint(0, model.config.vocab_size, (args.batch, args.seq),
-                            generator=torch.Generator().manual_seed(0))
         t0 = time.perf_counter()
-        m = pc.measure_call(model, {"input_ids": ids, "use_cache": False})
+        m = pc.measure_call(model, pc.causal_lm_inputs(model, args.batch, args.seq))
         row = {"device": dev.slug, "config": _repo_relative(path), "batch": args.batch, "seq": args.seq, "dtype": args.dtype,
                "median_us": m.median_us, "iqr_us": m.iqr_us, "cpu_util": m.cpu_util, "threads": torch.get_num_threads(),
                "torch": torch.__version__, "transformers": transformers.__version__,

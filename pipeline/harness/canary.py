@@ -46,9 +46,9 @@ def sweep_speed(before_us: float, after_us: float) -> tuple[float, str | None]:
     disagree past STALLED_RATIO. The quicker reading: a stall (a descheduled thread, a page
     reclaim) can only make a ~0.4 s probe read slow, and the mean of a stalled and a sound
     reading told the summary the machine had halved its speed."""
-    lo, hi = sorted((before_us, after_us))
+    lo = min(before_us, after_us)
     warning = None
-    if hi > STALLED_RATIO * lo:
+    if apart(before_us, after_us):
         warning = (f"the speed probe read {before_us:.0f} us before the sweep and {after_us:.0f} us after: "
                    f"one reading was stalled; the sweep's rows carry the quicker, {lo:.0f} us")
     return lo, warning

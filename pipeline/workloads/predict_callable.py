@@ -201,6 +201,15 @@ def build_causal_lm(config_path_or_dict, dtype: str = "float32", *, attn_impleme
     return model.eval().to(dtype=torch_dtype(dtype))
 
 
+def causal_lm_inputs(model, batch: int, seq: int, seed: int = 0) -> dict:
+    """A forward pass's keyword inputs: random token ids of shape (batch, seq), no KV cache. What
+    predict_hf_config prices is what a measurement elsewhere (scripts/measure_hf.py) must run."""
+    import torch
+
+    ids = torch.randint(0, model.config.vocab_size, (batch, seq), generator=torch.Generator().manual_seed(seed))
+    return {"input_ids": ids, "use_cache": False}
+
+
 def predict_hf_config(config_path_or_dict, batch: int, seq: int, gemm_model, utility_model,
                       overheads: OverheadModel | None, dtype: str = "float32", *, seed: int = 0,
                       attn_implementation: str = "eager", config=None, **kwargs) -> dict[str, Any]:
@@ -208,14 +217,11 @@ def predict_hf_config(config_path_or_dict, batch: int, seq: int, gemm_model, uti
     of shape (batch, seq), after check_hf_config (a bad or too large config is refused before
     anything is built; `config`: what check_hf_config already returned for these arguments).
     Extra keywords go to predict_module."""
-    import torch
-
     if config is None:
         config = check_hf_config(config_path_or_dict, batch, seq, dtype, attn_implementation=attn_implementation)
     model = build_causal_lm(config_path_or_dict, dtype, attn_implementation=attn_implementation, seed=seed,
                             config=config)
-    ids = torch.randint(0, model.config.vocab_size, (batch, seq), generator=torch.Generator().manual_seed(seed))
-    inputs = {"input_ids": ids, "use_cache": False}
+    inputs = causal_lm_inputs(model, batch, seq, seed)
     out = predict_module(model, inputs, gemm_model, utility_model, overheads, dtype, **kwargs)
     out.update(model_type=model.config.model_type, model=model, inputs=inputs)
     return out

@@ -223,8 +223,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=0,
                     help="a CPU measured with this many threads (default 0: all it has); the slug stays")
     ap.add_argument("--timing-scale", type=float, default=None,
-                    help="every time budget of the sweeps times this (tests: 0.25 runs the profile's whole grids "
-                         "faster, measured less well); default: $DEVCHAR_TIMING_SCALE, else 1")
+                    help="every time budget of the sweeps times this, and below 1 the FLOP caps per point (tests: "
+                         "0.25 runs the profile's grids faster, measured less well, the largest points left to the "
+                         "fit); default: $DEVCHAR_TIMING_SCALE, else 1")
     args = ap.parse_args(argv)
     # torch's C++ warnings (the execution-trace observer announces itself on every capture)
     # would bury the progress lines; errors still print. Set before torch is imported.

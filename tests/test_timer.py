@@ -131,3 +131,27 @@ def test_the_timing_scale_shortens_a_profile_but_keeps_its_grids(monkeypatch):
         plain.k_values, plain.gemm_aspect_k, plain.workload_batches)
     assert short.stall_wait_s == pytest.approx(plain.stall_wait_s / 4)
     assert 3 <= short.workload_reps < plain.workload_reps and 1 <= short.workload_warmup <= plain.workload_warmup
+    # the points past a quarter of the FLOP caps are skipped (a point's counts do not scale)
+    assert (short.max_point_flops, short.max_wave_flops, short.max_aspect_flops) == pytest.approx(
+        (plain.max_point_flops / 4, plain.max_wave_flops / 4, plain.max_aspect_flops / 4))
+    monkeypatch.setenv(TIMING_SCALE_ENV, "2")  # more repetitions, never a larger grid
+    assert get_profile("quick").max_point_flops == plain.max_point_flops
+
+
+def test_a_shortened_profile_drops_only_the_gemm_points_past_its_caps(monkeypatch):
+    from pipeline.device.discover import identify
+    from pipeline.harness.timer import TIMING_SCALE_ENV
+    from pipeline.sweeps.gemm import aspect_points, batch_points
+    from pipeline.sweeps.profiles import get_profile
+
+    dev = identify("cpu")
+    monkeypatch.delenv(TIMING_SCALE_ENV, raising=False)
+    plain = get_profile("quick")
+    full = set(aspect_points(dev, plain) + batch_points(dev, plain))
+    monkeypatch.setenv(TIMING_SCALE_ENV, "0.25")
+    short = get_profile("quick")
+    kept = set(aspect_points(dev, short) + batch_points(dev, short))
+    assert kept < full
+    flops = lambda p: 2 * p.batch * p.m * p.n * p.k  # noqa: E731
+    assert all(flops(p) > min(short.max_aspect_flops, short.max_point_flops) for p in full - kept)
+    assert {(p.op, p.dtype, p.k) for p in kept} == {(p.op, p.dtype, p.k) for p in full}  # every K still timed

@@ -198,6 +198,14 @@ def get_profile(name: str, kind: str = "cpu") -> Profile:
     scale = timing_scale()  # DEVCHAR_TIMING_SCALE: the timing specs scale where they are used
     if scale == 1.0:
         return prof
+    # A point's repetition counts stay (min_reps), so the largest GEMMs cost the same at any
+    # scale: on a slow CPU (the model-85 VM, bf16 emulated at 0.05 TFLOP/s) the points over
+    # 4e9 FLOPs were two thirds of the slow tier's GEMM sweep. A scaled run skips them as it
+    # skips any point past a cap, and the fit fills them: the grids keep their cells below.
+    shrink = min(scale, 1.0)  # a scale above 1 buys repetitions, never a larger grid
+    caps = dict(max_point_flops=prof.max_point_flops * shrink,
+                max_wave_flops=prof.max_wave_flops and prof.max_wave_flops * shrink,
+                max_aspect_flops=prof.max_aspect_flops and prof.max_aspect_flops * shrink)
     return replace(prof, stall_wait_s=prof.stall_wait_s * scale,  # and a workload step's counts here
                    workload_warmup=max(1, round(prof.workload_warmup * scale)),
-                   workload_reps=max(3, round(prof.workload_reps * scale)))
+                   workload_reps=max(3, round(prof.workload_reps * scale)), **caps)

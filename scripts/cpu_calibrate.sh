@@ -4,7 +4,8 @@
 # one stage per call; the tables land under $OUT/ref, the log (lscpu and load included) in
 # $OUT/<stage>.log:
 #   bash scripts/cpu_calibrate.sh kernels   # device gemm utility attention (16-core Xeon: ~5 min)
-#   bash scripts/cpu_calibrate.sh graphs    # workloads traces memory embedding + the HF configs' runs (~7 min)
+#   bash scripts/cpu_calibrate.sh graphs    # workloads traces memory embedding + the HF configs' runs
+#                                           # + scripts/probe_thread_wake.py (~7.5 min)
 # The bare node has torch and numpy only: `python -m pipeline.runner` needs nothing else (it
 # writes .jsonl where pyarrow is missing). Back here: copy $OUT/ref/* into
 # models_store/reference/<slug>/ (the slug is the `device` column; the loader passes over the
@@ -27,6 +28,8 @@ start=$(date +%s)
 python3 -m pipeline.runner "${sweeps[@]}" --device cpu --profile "$PROFILE" --out "$OUT/ref" 2>&1 | tee -a "$log"
 if [ "$1" = graphs ]; then  # unseen configs for `devchar predict --hf-config` to be checked against
   python3 scripts/measure_hf.py --out "$OUT/ref/hf_measured.json" 2>&1 | tee -a "$log"
+  # what an op pays after the host left its memory untouched for a while (~20 s; into the log only)
+  python3 scripts/probe_thread_wake.py --reps 200 2>&1 | tee -a "$log"
 fi
 echo "cpu_calibrate $1: $(( $(date +%s) - start )) s" | tee -a "$log"
 n=$(find "$OUT" -type f | wc -l)

@@ -1,0 +1,37 @@
+"""The measurement scripts under scripts/ run and refuse bad arguments (their figures are not asserted)."""
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_idle_probe_times_every_op_after_every_gap_with_all_threads_and_one(capsys):
+    import torch
+
+    probe = _load("probe_thread_wake")
+    threads = torch.get_num_threads()
+    try:
+        assert probe.main(["--reps", "1"]) == 0
+    finally:
+        torch.set_num_threads(threads)  # the probe ends on one thread
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if " us idle: " in ln]
+    settings = len({threads, 1})
+    assert len(lines) == settings * 4 * len(probe.GAPS_US)
+    assert {ln.split(" idle:")[0].split("after")[1].strip() for ln in lines} == {f"{g} us" for g in probe.GAPS_US}
+
+
+@pytest.mark.parametrize("name", ["probe_thread_wake", "probe_after_large_op"])
+def test_a_probe_refuses_a_count_below_one(name, capsys):
+    with pytest.raises(SystemExit) as exc:
+        _load(name).main(["--reps", "0"])
+    assert exc.value.code == 2
+    assert "--reps must be positive, got 0" in capsys.readouterr().err

@@ -12,7 +12,7 @@ import dagster as dg
 from assets.common import data_hash, image_md, metadata_table, row_count, save_plot
 from assets.models import attention_model, embedding_model, gemm_model, memory_model, utility_model
 from assets.samples import gemm_samples, utility_samples
-from pipeline.analysis.bench import bench_predict
+from pipeline.analysis.bench import bench_predict, evaluation_sizes
 from pipeline.orchestration.partitions import devices
 from pipeline.analysis.plots import error_distribution_plot, worst_per_bin_plot
 from pipeline.predict.baselines import BASELINES
@@ -66,7 +66,7 @@ def mlp_baselines(context: dg.AssetExecutionContext, warehouse: DuckDBWarehouse,
           deps=[gemm_model, utility_model, attention_model, embedding_model, memory_model, mlp_baselines],
           automation_condition=dg.AutomationCondition.eager())
 def model_evaluation(context: dg.AssetExecutionContext, warehouse: DuckDBWarehouse,
-                     model_store: ModelStore) -> dg.MaterializeResult:
+                     model_store: ModelStore, device_runner: DeviceRunner) -> dg.MaterializeResult:
     """devchar vs roofline / NeuSight MLP / Lin MLP on held-out shapes: Table II, Fig. 5, Figs. 6-9, speed."""
     device = context.partition_key
     gemm = model_store.load(device, "gemm_model")
@@ -94,8 +94,8 @@ def model_evaluation(context: dg.AssetExecutionContext, warehouse: DuckDBWarehou
     dist_png = error_distribution_plot(error_distribution(pred))
     save_plot(bins_png, device, "worst_error_per_bin")
     save_plot(dist_png, device, "error_distribution")
-    speed = bench_predict(gemm, {n: m for n, m in models.items() if n != "devchar"}, n_vector=2_000_000,
-                          n_loop=5_000, n_baseline=200_000, op="linear", dtype="float32")
+    speed = bench_predict(gemm, {n: m for n, m in models.items() if n != "devchar"}, op="linear", dtype="float32",
+                          **evaluation_sizes(device_runner.profile))
     pivot = errors.pivot_table(index=["layer_type", "dtype"], columns="model", values="mean_rel_err").reset_index()
     return dg.MaterializeResult(metadata={
         # Table II: mean relative error (%) per (layer type, dtype), one column per model

@@ -29,6 +29,16 @@ def rate(fn: Callable[[], object], n: int, min_s: float = 0.5) -> float:
     return n / best
 
 
+# Shapes per measurement in model_evaluation's speed metadata, by sweep profile: a rate is per
+# prediction, so the tiny profile's tests (two runs in the fast tier) need not price 2M shapes.
+EVALUATION_SIZES = {"tiny": dict(n_vector=100_000, n_loop=1_000, n_baseline=10_000)}
+DEFAULT_EVALUATION_SIZES = dict(n_vector=2_000_000, n_loop=5_000, n_baseline=200_000)
+
+
+def evaluation_sizes(profile: str) -> dict[str, int]:
+    return EVALUATION_SIZES.get(profile, DEFAULT_EVALUATION_SIZES)
+
+
 def bench_predict(gemm, baselines: dict, n_vector: int = 10_000_000, n_loop: int = 20_000, n_baseline: int = 1_000_000,
                   op: str = "linear", dtype: str = "float32") -> dict[str, float]:
     from threadpoolctl import threadpool_limits

@@ -131,3 +131,26 @@ def test_named_grids_sizes_and_an_unknown_one():
     assert configs("tiny") == [MLPConfig(3, 32, "adam", 1e-2, 20)]  # the tiny profile's smoke test
     with pytest.raises(ValueError, match="'huge'"):
         configs("huge")
+
+
+@pytest.mark.parametrize("cls", [NeuSightMLP, LinMLP])
+def test_parallel_search_fits_what_one_process_fits(cls, monkeypatch):
+    """The (op, dtype) groups' searches in worker processes: the same networks, weight for weight."""
+    g = pd.concat([_gemm(), _gemm(seed=1, op="bmm"), _gemm(seed=2, dtype="bfloat16")])
+    u = pd.concat([_util(), _util(seed=1, op="add")])
+    two = {"layers": [2], "neurons": [8, 16], "solver": ["adam"], "lr": [1e-2], "epochs": 30}
+    fits = {}
+    for jobs in ("1", "2"):
+        monkeypatch.setenv("DEVCHAR_FIT_JOBS", jobs)
+        fits[jobs] = json.dumps(cls.fit(g, u, DEVICE, grid=two, seed=0).to_dict(), sort_keys=True)
+    assert fits["1"] == fits["2"]
+    assert {("mm", "float32"), ("bmm", "float32"), ("mm", "bfloat16")} <= set(cls.from_dict(json.loads(fits["2"])).gemm)
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "two", "1.5"])
+def test_fit_jobs_refuses_a_bad_count(value, monkeypatch):
+    from pipeline.predict.mlp import fit_jobs
+
+    monkeypatch.setenv("DEVCHAR_FIT_JOBS", value)
+    with pytest.raises(ValueError, match=f"DEVCHAR_FIT_JOBS .*{value!r}"):
+        fit_jobs()

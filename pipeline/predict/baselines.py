@@ -17,7 +17,7 @@ import numpy as np
 from pipeline.core.dtypes import ELEMENT_BYTES, check_dtype, element_bytes
 from pipeline.core.errors import BadShapeError, MissingModelError, check_positive_arrays
 from pipeline.predict.geometry import waves as count_waves
-from pipeline.predict.mlp import Net, search
+from pipeline.predict.mlp import Net, search_all
 from pipeline.predict.serialize import OP_DTYPE, keyed, records
 from pipeline.predict.traffic import utility_traffic
 from pipeline.core.ops import GEMM_OPS, UTILITY_OPS
@@ -143,6 +143,11 @@ class _MLPBaseline(_Baseline):
         return cls(keyed(d["gemm"], OP_DTYPE), keyed(d["utility"], OP_DTYPE), roof)
 
 
+def _exp2_out(out: np.ndarray, idx) -> np.ndarray:
+    """LinMLP's decode: the network predicts log2 of the time."""
+    return np.exp2(out)
+
+
 class LinMLP(_MLPBaseline):
     name = "lin_mlp"
 
@@ -158,17 +163,21 @@ class LinMLP(_MLPBaseline):
     def fit(gemm_samples=None, utility_samples=None, device_row: dict | None = None, grid="reduced",
             seed=0) -> "LinMLP":
         _refuse_held_out("LinMLP", gemm_samples, utility_samples)
-
-        def fit_group(X, t):
-            return {"params": search(X, np.log2(t), lambda out, idx: np.exp2(out), t, grid, seed)}
-
-        gemm = {key: fit_group(LinMLP.gemm_features(*(g[c].to_numpy(float) for c in ("m", "n", "k", "batch"))),
-                               g["median_us"].to_numpy(float))
-                for key, g in _groups(gemm_samples, ["op", "dtype"])}
-        util = {key: fit_group(LinMLP.utility_features(g["rows"].to_numpy(float), g["cols"].to_numpy(float)),
-                               g["median_us"].to_numpy(float))
-                for key, g in _groups(utility_samples, ["op", "dtype"])}
+        tasks = {}
+        for key, g in _groups(gemm_samples, ["op", "dtype"]):
+            X = LinMLP.gemm_features(*(g[c].to_numpy(float) for c in ("m", "n", "k", "batch")))
+            tasks[("GEMM", key)] = LinMLP._task(X, g["median_us"].to_numpy(float))
+        for key, g in _groups(utility_samples, ["op", "dtype"]):
+            X = LinMLP.utility_features(g["rows"].to_numpy(float), g["cols"].to_numpy(float))
+            tasks[("utility", key)] = LinMLP._task(X, g["median_us"].to_numpy(float))
+        fitted = search_all(tasks, grid, seed)
+        gemm = {key: {"params": p} for (kind, key), p in fitted.items() if kind == "GEMM"}
+        util = {key: {"params": p} for (kind, key), p in fitted.items() if kind == "utility"}
         return LinMLP(gemm, util)
+
+    @staticmethod
+    def _task(X: np.ndarray, t: np.ndarray) -> tuple:
+        return X, np.log2(t), _exp2_out, t
 
     def _gemm(self, op, dtype, m, n, k, batch):
         return np.exp2(self._entry("GEMM", (op, dtype))[1](self.gemm_features(m, n, k, batch)))
@@ -206,20 +215,22 @@ class NeuSightMLP(_MLPBaseline):
             seed=0) -> "NeuSightMLP":
         _refuse_held_out("NeuSightMLP", gemm_samples, utility_samples)
         roof = RooflineModel.fit(gemm_samples, utility_samples, device_row)
-        model = NeuSightMLP({}, {}, roof)
+        model, tasks = NeuSightMLP({}, {}, roof), {}
         for (op, dt), g in _groups(gemm_samples, ["op", "dtype"]):
             geo = {"tile_m": _mode(g["tile_m"]), "tile_n": _mode(g["tile_n"]), "slots": _mode(g["slots"])}
             dims = [g[c].to_numpy(float) for c in ("m", "n", "k", "batch")]
             t, r = g["median_us"].to_numpy(float), roof.predict_gemm(op, dt, *dims)
-            X = model.gemm_features(dt, *dims, **geo)
-            model.gemm[(op, dt)] = {**geo, "params": search(X, NeuSightMLP._target(r, t), NeuSightMLP._decode(r),
-                                                            t, grid, seed)}
+            model.gemm[(op, dt)] = geo
+            tasks[("GEMM", (op, dt))] = (model.gemm_features(dt, *dims, **geo), NeuSightMLP._target(r, t),
+                                         NeuSightMLP._decode(r), t)
         for (op, dt), g in _groups(utility_samples, ["op", "dtype"]):
             dims = [g[c].to_numpy(float) for c in ("rows", "cols")]
             t, r = g["median_us"].to_numpy(float), roof.predict_utility(op, dt, *dims)
-            X = NeuSightMLP.utility_features(op, dt, *dims)
-            model.util[(op, dt)] = {"params": search(X, NeuSightMLP._target(r, t), NeuSightMLP._decode(r),
-                                                     t, grid, seed)}
+            tasks[("utility", (op, dt))] = (NeuSightMLP.utility_features(op, dt, *dims), NeuSightMLP._target(r, t),
+                                            NeuSightMLP._decode(r), t)
+        for (kind, key), params in search_all(tasks, grid, seed).items():
+            table = model.gemm if kind == "GEMM" else model.util
+            table[key] = {**table.get(key, {}), "params": params}
         return model
 
     def _gemm(self, op, dtype, m, n, k, batch):

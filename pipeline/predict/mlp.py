@@ -8,13 +8,19 @@ The grid search follows the DLRM paper's Table II (section III-B2): hidden layer
 per layer, optimizer (SGD's learning rate scaled by 10), learning rate; the configuration
 with the lowest error on a validation split carved from the *training* rows is kept and
 refitted on all training rows.
+
+The searches of one baseline's (op, dtype) groups are independent: search_all runs them in
+worker processes, one per core (DEVCHAR_FIT_JOBS overrides). sklearn's training of these small
+networks runs on one core whatever its thread pools are given, so processes are what use the
+rest. Each search seeds its own split and training, so the result does not depend on the count.
 """
 from __future__ import annotations
 
 import itertools
+import os
 import warnings
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Hashable
 
 import numpy as np
 
@@ -126,3 +132,29 @@ def search(X: np.ndarray, y: np.ndarray, decode: Callable[[np.ndarray, np.ndarra
     _, params = train(X, y, best, seed)
     params["val_rel_err"] = best_err if np.isfinite(best_err) else None
     return params
+
+
+def fit_jobs() -> int:
+    """Worker processes for search_all: DEVCHAR_FIT_JOBS, else the cores this process may run on."""
+    raw = os.environ.get("DEVCHAR_FIT_JOBS", "").strip()
+    if raw:
+        if not raw.isdigit() or int(raw) < 1:
+            raise ValueError(f"DEVCHAR_FIT_JOBS must be a whole number >= 1, not {raw!r}")
+        return int(raw)
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def search_all(tasks: dict[Hashable, tuple], grid: str | dict = "reduced", seed: int = 0) -> dict:
+    """search() for each task {key: (X, y, decode, t_meas)}, in fit_jobs() worker processes;
+    {key: params} in the tasks' order. One job, or one task: in this process."""
+    keys = list(tasks)
+    jobs = min(fit_jobs(), len(keys))
+    if jobs <= 1:
+        return {k: search(*tasks[k], grid=grid, seed=seed) for k in keys}
+    from joblib import Parallel, delayed
+
+    # loky's workers get decode closures by cloudpickle; one numpy/BLAS thread each, so that
+    # jobs x threads never exceeds the cores
+    out = Parallel(n_jobs=jobs, backend="loky", inner_max_num_threads=1)(
+        delayed(search)(*tasks[k], grid=grid, seed=seed) for k in keys)
+    return dict(zip(keys, out))

@@ -61,6 +61,7 @@ if [ "$JOBS" -gt 1 ]; then
   # replays side by side each keep to one thread: two that each spin up a thread per core
   # (torch's and BLAS's pools) took longer together on the 2-core VM than one after the other
   export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
+  export DEVCHAR_FIT_JOBS=${DEVCHAR_FIT_JOBS:-1}  # nor a process per core for the MLP searches
 fi
 rm -f "$LOGS"/*.log "$LOGS"/*.rc
 printf '%s\0' "${dirs[@]}" | xargs -0 -n 1 -P "$JOBS" bash -c 'replay "$1"' _

@@ -32,6 +32,7 @@ def render_summary(warehouse, device: str, run_id: str | None = None) -> str:
         if run_id is not None and "run_id" in e:
             e = e[e["run_id"].astype(str) == run_id[:12]]
         e = e.drop(columns="run_id", errors="ignore")
+    own = None
     if e is None or not (e["model"] == "devchar").any():
         lines.append(_fitted_errors(device))  # model_evaluation did not run: what each fit measured itself
     if e is not None and not e.empty:
@@ -44,6 +45,7 @@ def render_summary(warehouse, device: str, run_id: str | None = None) -> str:
             lines.append("\n-- mean relative error, devchar beside the baselines --")
             pivot = e.pivot_table(index=["layer_type", "dtype"], columns="model", values="mean_rel_err")
             lines.append(pivot.map(lambda v: "-" if v != v else f"{v:.1%}").to_string())
+    lines += _repeat_lines(warehouse, device, own)
     if warehouse.has_table("predictions"):
         p = warehouse.query("SELECT * FROM predictions WHERE device = ? ORDER BY workload, config, batch, seq",
                             [device])
@@ -56,6 +58,16 @@ def render_summary(warehouse, device: str, run_id: str | None = None) -> str:
             lines.append(_workload_section(workload, g))
         lines += _speed_drift(warehouse, device)
     return "\n".join(lines)
+
+
+def _repeat_lines(warehouse, device: str, own) -> list[str]:
+    """The GEMM sweep's repeat timings beside devchar's held-out errors (analysis/repeat.py)."""
+    from pipeline.analysis.repeat import repeat_section
+
+    if not warehouse.has_table("gemm_samples"):
+        return []
+    # one run's rows per device: a re-materialization replaces them
+    return repeat_section(warehouse.query("SELECT * FROM gemm_samples WHERE device = ? AND held_out", [device]), own)
 
 
 def _speed_drift(warehouse, device: str) -> list[str]:

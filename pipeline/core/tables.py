@@ -63,7 +63,7 @@ CONTRACT: dict[str, Table] = {
         {"bandwidth_gbps": ">0?", "timing_scale": ">0?", **{f"peak_flops_{dt}": ">0?" for dt in ("float32", "tf32", "bfloat16", "float16")},
          "free_us_per_page": ">0?", "free_from_bytes": ">0?"}),
     "gemm_samples": _sample(GEMM, {"grid": "str", "fault_us_per_page": "float", "weight_cache_bytes": "float",
-                                            "kept_us": "float"}),
+                                            "kept_us": "float", "repeat_us": "float", "repeat_stalled": "bool"}),
     "utility_samples": _sample({"op": "str", "dtype": "str", "rows": "int", "cols": "int", "shape": "str",
                                 "bytes_read": "float", "bytes_written": "float", "flops": "float", "held_out": "bool"},
                                {"cold_us": "float", "evict_bytes": "float"}),

@@ -53,3 +53,11 @@ def test_section_sets_the_spread_beside_the_heldout_error():
     text = "\n".join(repeat_section(df, errors))
     assert "30.0%" in text and "32.0%" in text and "Linear" not in text
     assert repeat_section(df.drop(columns="repeat_us"), errors) == []
+
+
+def test_utility_rows_pool_by_layer_type():
+    df = pd.concat([_rows([10.0], [12.0], op="relu"), _rows([10.0], [9.0], op="add"),
+                    _rows([10.0], [10.0], op="softmax")])
+    s = repeat_spread(df).set_index("layer_type")
+    assert s.loc["Vector", "n"] == 2 and s.loc["Vector", "repeat_err"] == pytest.approx(0.15)
+    assert s.loc["Softmax", "repeat_err"] == 0.0

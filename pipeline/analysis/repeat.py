@@ -1,4 +1,4 @@
-"""How well the machine repeated its held-out GEMM timings (harness/repeat.py), beside the
+"""How well the machine repeated its held-out GEMM and utility timings (harness/repeat.py), beside the
 model's held-out error on the same groups: the part of an error no model of shapes can remove."""
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ def repeat_section(samples: pd.DataFrame, errors: pd.DataFrame | None) -> list[s
         spread = spread.merge(own, on=["layer_type", "dtype"], how="left")
     fmt = {c: "{:.1%}".format for c in ("repeat_err", "heldout_err") if c in spread}
     fmt["repeat_ratio"] = "{:.2f}x".format
-    return ["\n-- how well this machine repeats itself: held-out GEMMs timed again at the sweep's end --",
+    return ["\n-- how well this machine repeats itself: held-out rows timed again at the sweep's end --",
             spread.to_string(index=False, formatters=fmt, na_rep="-"),
             "repeat_err: mean |second / first - 1| of the same shapes with the same harness. A held-out "
             "error near it is what this machine's timings let any model score; well above it, the model's own."]

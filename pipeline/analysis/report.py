@@ -61,13 +61,16 @@ def render_summary(warehouse, device: str, run_id: str | None = None) -> str:
 
 
 def _repeat_lines(warehouse, device: str, own) -> list[str]:
-    """The GEMM sweep's repeat timings beside devchar's held-out errors (analysis/repeat.py)."""
+    """The GEMM and utility sweeps' repeat timings beside devchar's held-out errors (analysis/repeat.py)."""
+    import pandas as pd
+
     from pipeline.analysis.repeat import repeat_section
 
-    if not warehouse.has_table("gemm_samples"):
-        return []
     # one run's rows per device: a re-materialization replaces them
-    return repeat_section(warehouse.query("SELECT * FROM gemm_samples WHERE device = ? AND held_out", [device]), own)
+    held = [warehouse.query(f"SELECT * FROM {t} WHERE device = ? AND held_out", [device])
+            for t in ("gemm_samples", "utility_samples") if warehouse.has_table(t)]
+    held = [h for h in held if "repeat_us" in h]
+    return repeat_section(pd.concat(held, ignore_index=True), own) if held else []
 
 
 def _speed_drift(warehouse, device: str) -> list[str]:

@@ -39,6 +39,7 @@ class Profile:
     # held-out GEMM rows per (op, dtype) timed a second time at the end of the sweep: how well
     # the machine repeats itself (harness/repeat.py); 0 = none
     gemm_repeats_per_group: int = 12
+    utility_repeats_per_group: int = 3  # the same per (op, dtype) of utility_samples (13 ops)
     # attention_samples: seq (q = kv) in powers of two from 32, batch in powers of the step (8 heads)
     attention_max_seq: int = 256
     attention_max_batch: int = 4
@@ -116,7 +117,7 @@ PROFILES = {
         workload_configs="tiny", workload_batches=(1, 2), workload_seqs=(16,), workload_warmup=1, workload_reps=3,
         workloads_in_own_process=False, stall_wait_s=2.0,
         dlrm_configs="tiny", dlrm_batches=(4, 8), trace_warmup=1, reference_shapes_per_source=2,
-        gemm_repeats_per_group=2,
+        gemm_repeats_per_group=2, utility_repeats_per_group=1,
         attention_max_seq=64, attention_max_batch=2, attention_max_point_flops=1e7, attention_heldout=2,
         attention_timing=TimingSpec(warmup_s=0.0, budget_s=0.002, min_reps=3, max_reps=10),
         opencl_kernels=6, opencl_lsizes=1, opencl_settings=3, opencl_rebalance=0, opencl_max_combos=6,

@@ -10,6 +10,7 @@ import platform
 import re
 from dataclasses import asdict, dataclass
 
+from pipeline.core.cores import usable_cores
 from pipeline.core.errors import UnknownDeviceError
 
 
@@ -82,7 +83,7 @@ def _driver_version() -> str | None:
 
 def cpu_threads() -> int:
     """Threads devchar uses on the CPU: all cores it may run on, fixed for the whole run."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return usable_cores()
 
 
 def identify_cpu() -> DeviceIdentity:

@@ -24,6 +24,8 @@ from typing import Callable, Hashable
 
 import numpy as np
 
+from pipeline.core.cores import usable_cores
+
 # DLRM paper, Table II.
 FULL_GRID = {"layers": [3, 4, 5, 6, 7], "neurons": [128, 256, 512, 1024], "solver": ["adam", "sgd"],
              "lr": [1e-4, 2e-4, 5e-4, 1e-3, 2e-3, 5e-3, 1e-2], "epochs": 200}
@@ -141,7 +143,7 @@ def fit_jobs() -> int:
         if not raw.isdigit() or int(raw) < 1:
             raise ValueError(f"DEVCHAR_FIT_JOBS must be a whole number >= 1, not {raw!r}")
         return int(raw)
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return usable_cores()
 
 
 def search_all(tasks: dict[Hashable, tuple], grid: str | dict = "reduced", seed: int = 0) -> dict:

@@ -12,8 +12,9 @@ from pipeline.workloads.dlrm import TINY_CONFIGS
 from pipeline.workloads.isolated import _spec, measure_in_child
 
 
-def test_a_step_is_timed_in_a_child_with_the_protocol_asked_for():
-    m = measure_in_child("dlrm", TINY_CONFIGS[0], 4, 0, "float32", threads=1, warmup=1, reps=3)
+@pytest.mark.parametrize("launch", ["forkserver", "exec"])
+def test_a_step_is_timed_in_a_child_with_the_protocol_asked_for(launch):
+    m = measure_in_child("dlrm", TINY_CONFIGS[0], 4, 0, "float32", threads=1, warmup=1, reps=3, launch=launch)
     assert m.reps == 3 and (m.times_us > 0).all()
     assert np.isfinite(m.faults_per_call) and np.isfinite(m.cpu_util)
 
@@ -33,13 +34,17 @@ def test_the_child_states_its_allocator():
         measure_in_child("dlrm", ddp, 512, 0, "float32", threads=1, warmup=3, reps=5, allocator="warm")
 
 
-def test_a_failing_or_hanging_child_names_the_workload():
+@pytest.mark.parametrize("launch", ["forkserver", "exec"])
+def test_a_failing_or_hanging_child_names_the_workload(launch):
     with pytest.raises(DevcharError, match=r"dlrm dlrm-tiny batch=0 .*batch=0 must be positive"):
-        measure_in_child("dlrm", TINY_CONFIGS[0], 0, 0, "float32", threads=1, warmup=1, reps=3)
-    with pytest.raises(DevcharError, match=r"dlrm dlrm-tiny batch=4 .*no answer in"):
-        measure_in_child("dlrm", TINY_CONFIGS[0], 4, 0, "float32", threads=1, warmup=1, reps=3, timeout_s=0.05)
+        measure_in_child("dlrm", TINY_CONFIGS[0], 0, 0, "float32", threads=1, warmup=1, reps=3, launch=launch)
+    with pytest.raises(DevcharError, match=r"dlrm dlrm-tiny batch=4 .*no answer in 0.05 s"):
+        measure_in_child("dlrm", TINY_CONFIGS[0], 4, 0, "float32", threads=1, warmup=1, reps=3, timeout_s=0.05,
+                         launch=launch)
     with pytest.raises(DevcharError, match="unknown workload 'bert'"):
         _spec("bert", {})
+    with pytest.raises(DevcharError, match="unknown launch 'spawn'"):
+        measure_in_child("dlrm", TINY_CONFIGS[0], 4, 0, "float32", threads=1, warmup=1, reps=3, launch="spawn")
 
 
 def test_specs_survive_the_trip_through_json():
@@ -77,4 +82,4 @@ def test_a_child_without_a_result_line_names_the_workload(monkeypatch, stdout):
 
     monkeypatch.setattr(subprocess, "run", lambda args, **kw: subprocess.CompletedProcess(args, 0, stdout, ""))
     with pytest.raises(DevcharError, match="dlrm dlrm-tiny batch=4 .*no result line"):
-        measure_in_child("dlrm", TINY_CONFIGS[0], 4, 0, "float32", threads=1, warmup=1, reps=3)
+        measure_in_child("dlrm", TINY_CONFIGS[0], 4, 0, "float32", threads=1, warmup=1, reps=3, launch="exec")

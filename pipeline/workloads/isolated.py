@@ -15,8 +15,10 @@ ms with 2.2-2.6k faults a step, with it 8.3-8.6 ms with none; DLRM-default 55-56
 against 42-46 ms (2k). The steady state of a process that never freed a large block is that much
 slower, and devchar's tables do not price it (docs/methods.md).
 
-Run as `python -m pipeline.workloads.isolated ARGS`: it prints one JSON line with the step
-times, the CPU use and the page faults a step. torch and numpy only (the device side).
+The fresh process is forked from a server that imported torch and transformers' GPT-2 once
+(workloads/fork_server.py), which spares each step ~2-7 s of imports; `launch="exec"` starts a
+new interpreter instead: `python -m pipeline.workloads.isolated ARGS` prints one JSON line with
+the step times, the CPU use and the page faults a step. torch and numpy only (the device side).
 """
 from __future__ import annotations
 
@@ -30,6 +32,7 @@ import numpy as np
 
 from pipeline.core.errors import DevcharError
 from pipeline.harness.timer import Measurement
+from pipeline.workloads.fork_server import ForkServer, serve
 
 # A child that has not answered in an hour is hung (a deadlocked OpenMP pool, a swapping
 # machine), not slow: the full profile's largest step (gpt2-large, batch 8, seq 512, ~7 TFLOP) runs
@@ -41,33 +44,58 @@ ADAPT_BYTES = 31 << 20
 
 
 ALLOCATOR_STATES = ("adapted", "fresh")
+LAUNCHES = ("forkserver", "exec")
+# what every child needs, imported once by the fork server (a module it cannot import is skipped)
+PRELOAD = ["pipeline.workloads.dlrm_run", "pipeline.workloads.gpt2_run", "transformers.models.gpt2.modeling_gpt2"]
 
 
 def measure_in_child(workload: str, spec, batch: int, seq: int, dtype: str, threads: int, warmup: int, reps: int,
-                     timeout_s: float = TIMEOUT_S, allocator: str = "adapted") -> Measurement:
-    """The step of one workload (`spec`: a GPT2Spec or a DLRMSpec), timed in a fresh
-    interpreter whose allocator has freed a large block ("adapted") or nothing ("fresh");
-    raises DevcharError naming the workload when the child fails or hangs."""
+                     timeout_s: float = TIMEOUT_S, allocator: str = "adapted", launch: str = "forkserver") -> Measurement:
+    """The step of one workload (`spec`: a GPT2Spec or a DLRMSpec), timed in a fresh process
+    whose allocator has freed a large block ("adapted") or nothing ("fresh"), forked from the
+    fork server or (`launch="exec"`) a new interpreter; raises DevcharError naming the
+    workload when the child fails or hangs."""
     if allocator not in ALLOCATOR_STATES:
         raise DevcharError(f"unknown allocator state {allocator!r}; expected one of {ALLOCATOR_STATES}")
-    args = [sys.executable, "-m", "pipeline.workloads.isolated", "--workload", workload,
-            "--spec", json.dumps(dataclasses.asdict(spec)), "--batch", str(batch), "--seq", str(seq),
-            "--dtype", dtype, "--threads", str(threads), "--warmup", str(warmup), "--reps", str(reps),
-            "--allocator", allocator]
+    if launch not in LAUNCHES:
+        raise DevcharError(f"unknown launch {launch!r}; expected one of {LAUNCHES}")
+    args = ["--workload", workload, "--spec", json.dumps(dataclasses.asdict(spec)), "--batch", str(batch),
+            "--seq", str(seq), "--dtype", dtype, "--threads", str(threads), "--warmup", str(warmup),
+            "--reps", str(reps), "--allocator", allocator]
     what = f"{workload} {spec.name} batch={batch} seq={seq}"
+    out = _forked(args, what, timeout_s) if launch == "forkserver" else _executed(args, what, timeout_s)
+    return Measurement(np.asarray(out["times_us"], float), method=out["method"], cpu_util=out["cpu_util"],
+                       faults_per_call=out["faults_per_call"])
+
+
+_SERVER = ForkServer("pipeline.workloads.isolated")
+
+
+def _forked(args: list[str], what: str, timeout_s: float) -> dict:
+    out = _SERVER.request(args, timeout_s)
+    if out is None:
+        raise DevcharError(f"measuring {what} in its own process: no answer in {timeout_s:g} s")
+    if "error" in out:
+        raise DevcharError(f"measuring {what} in its own process failed: {out['error']}")
+    return out
+
+
+def _executed(args: list[str], what: str, timeout_s: float) -> dict:
     try:
-        done = subprocess.run(args, capture_output=True, text=True, timeout=timeout_s)
+        done = subprocess.run([sys.executable, "-m", "pipeline.workloads.isolated", *args], capture_output=True,
+                              text=True, timeout=timeout_s)
     except subprocess.TimeoutExpired as exc:
-        raise DevcharError(f"measuring {what} in its own process: no answer in {timeout_s:.0f} s") from exc
+        raise DevcharError(f"measuring {what} in its own process: no answer in {timeout_s:g} s") from exc
     if done.returncode != 0:
         last = (done.stderr.strip().splitlines() or ["no output"])[-1]  # the exception's own line
         raise DevcharError(f"measuring {what} in its own process failed (exit {done.returncode}): {last}")
     try:
         out = json.loads(done.stdout.strip().splitlines()[-1])
-        return Measurement(np.asarray(out["times_us"], float), method=out["method"], cpu_util=out["cpu_util"],
-                           faults_per_call=out["faults_per_call"])
-    except (IndexError, KeyError, TypeError, ValueError) as exc:  # JSONDecodeError is a ValueError
-        raise DevcharError(f"measuring {what} in its own process: no result line in {done.stdout[-200:]!r}") from exc
+    except (IndexError, ValueError):  # JSONDecodeError is a ValueError
+        out = None
+    if not isinstance(out, dict) or not RESULT_KEYS <= out.keys():
+        raise DevcharError(f"measuring {what} in its own process: no result line in {done.stdout[-200:]!r}")
+    return out
 
 
 def _spec(workload: str, fields: dict):
@@ -102,16 +130,29 @@ def _measure(a: argparse.Namespace) -> Measurement:
     return measure_here(a.workload, spec, a.batch, a.seq, a.dtype, "cpu", a.warmup, a.reps)
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m pipeline.workloads.isolated")
     for name in ("workload", "spec", "dtype"):
         p.add_argument(f"--{name}", required=True)
     p.add_argument("--allocator", choices=ALLOCATOR_STATES, default="adapted")
     for name in ("batch", "seq", "threads", "warmup", "reps"):
         p.add_argument(f"--{name}", type=int, required=True)
-    m = _measure(p.parse_args(argv))
-    print(json.dumps({"times_us": m.times_us.tolist(), "method": m.method, "cpu_util": m.cpu_util,
-                      "faults_per_call": m.faults_per_call}))
+    return p
+
+
+RESULT_KEYS = {"times_us", "method", "cpu_util", "faults_per_call"}
+
+
+def _result(m: Measurement) -> dict:
+    return {"times_us": m.times_us.tolist(), "method": m.method, "cpu_util": m.cpu_util,
+            "faults_per_call": m.faults_per_call}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv == ["--serve"]:  # the fork server (workloads/fork_server.py)
+        return serve(PRELOAD, lambda args: _result(_measure(_parser().parse_args(args))))
+    print(json.dumps(_result(_measure(_parser().parse_args(argv)))))
     return 0
 
 

@@ -61,3 +61,23 @@ def test_utility_rows_pool_by_layer_type():
     s = repeat_spread(df).set_index("layer_type")
     assert s.loc["Vector", "n"] == 2 and s.loc["Vector", "repeat_err"] == pytest.approx(0.15)
     assert s.loc["Softmax", "repeat_err"] == 0.0
+
+
+def test_rows_that_name_their_layer_type_keep_it():
+    """Memory kernels go by the DLRM paper's names (model_errors' layer types), not PM2Lat's."""
+    gemm = _rows([10.0], [11.0], op="mm")
+    memory = _rows([10.0, 10.0], [13.0, 10.0], op="transpose").assign(layer_type="transpose")
+    s = repeat_spread(pd.concat([gemm, memory], ignore_index=True)).set_index("layer_type")
+    assert set(s.index) == {"MM", "transpose"}
+    assert s.loc["transpose", "n"] == 2 and s.loc["transpose", "repeat_err"] == pytest.approx(0.15)
+
+
+def test_the_memory_sweep_times_a_sample_of_its_heldout_rows_again(cpu):
+    from pipeline.sweeps.memory import sweep_memory
+
+    rows = pd.DataFrame(sweep_memory(cpu, "tiny"))
+    again = rows[rows["repeat_us"].notna()] if "repeat_us" in rows else rows.iloc[:0]
+    assert len(again) and again["held_out"].all() and (again["repeat_us"] > 0).all()
+    # the tiny profile's one row per (op, dtype)
+    assert not again.duplicated(["op", "dtype"]).any()
+    assert set(again["op"]) == set(rows.loc[rows["held_out"], "op"])

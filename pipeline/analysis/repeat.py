@@ -1,4 +1,4 @@
-"""How well the machine repeated its held-out GEMM and utility timings (harness/repeat.py), beside the
+"""How well the machine repeated its held-out GEMM, utility and memory-kernel timings (harness/repeat.py), beside the
 model's held-out error on the same groups: the part of an error no model of shapes can remove."""
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ from pipeline.predict.evaluate import layer_type
 
 
 def repeat_spread(samples: pd.DataFrame) -> pd.DataFrame:
-    """Per (layer_type, dtype) of the rows timed twice: n, `repeat_err` (mean |second / first - 1|)
+    """Per (layer_type, dtype) of the rows timed twice (a row's own `layer_type` where it has one,
+    else PM2Lat's type of its op): n, `repeat_err` (mean |second / first - 1|)
     and `repeat_ratio` (median second / first: above 1, the machine ran slower the second time).
     Rows whose either timing stalled are left out. Empty without the `repeat_us` column."""
     cols = ["layer_type", "dtype", "n", "repeat_err", "repeat_ratio"]
@@ -22,7 +23,9 @@ def repeat_spread(samples: pd.DataFrame) -> pd.DataFrame:
     if r.empty:
         return pd.DataFrame(columns=cols)
     ratio = r["repeat_us"].astype(float) / r["median_us"].astype(float)
-    r = r.assign(layer_type=r["op"].map(layer_type), ratio=ratio, dev=np.abs(ratio - 1.0))
+    kind = r["op"].map(layer_type)  # rows that name their layer type (memory kernels) keep it
+    kind = r["layer_type"].fillna(kind) if "layer_type" in r else kind
+    r = r.assign(layer_type=kind, ratio=ratio, dev=np.abs(ratio - 1.0))
     out = r.groupby(["layer_type", "dtype"]).agg(n=("ratio", "size"), repeat_err=("dev", "mean"),
                                                  repeat_ratio=("ratio", "median")).reset_index()
     return out[cols]

@@ -61,15 +61,22 @@ def render_summary(warehouse, device: str, run_id: str | None = None) -> str:
 
 
 def _repeat_lines(warehouse, device: str, own) -> list[str]:
-    """The GEMM and utility sweeps' repeat timings beside devchar's held-out errors (analysis/repeat.py)."""
+    """The GEMM, utility and memory sweeps' repeat timings beside devchar's held-out errors (analysis/repeat.py)."""
     import pandas as pd
 
     from pipeline.analysis.repeat import repeat_section
+    from pipeline.predict.memory import KERNEL_NAMES
 
-    # one run's rows per device: a re-materialization replaces them
-    held = [warehouse.query(f"SELECT * FROM {t} WHERE device = ? AND held_out", [device])
-            for t in ("gemm_samples", "utility_samples") if warehouse.has_table(t)]
-    held = [h for h in held if "repeat_us" in h]
+    # memory kernels go by the DLRM paper's names (as in model_errors); the others by PM2Lat's types
+    kinds = {"gemm_samples": None, "utility_samples": None, "memory_samples": lambda op: KERNEL_NAMES.get(op, op)}
+    held = []
+    for table, kind in kinds.items():
+        if not warehouse.has_table(table):
+            continue
+        # one run's rows per device: a re-materialization replaces them
+        h = warehouse.query(f"SELECT * FROM {table} WHERE device = ? AND held_out", [device])
+        if "repeat_us" in h:
+            held.append(h.assign(layer_type=h["op"].map(kind)) if kind else h)
     return repeat_section(pd.concat(held, ignore_index=True), own) if held else []
 
 

@@ -7,7 +7,7 @@ re-timed a day later within one minute, came back at 0.54x to 1.45x their first 
 (median 1.08x), each with a within-timing cv under 0.2. No model of shapes can be scored below
 that spread, and only measuring it says which part of an error is the machine's.
 
-So at the end of the GEMM and utility sweeps a fixed-seed sample of their held-out rows is timed again, in shuffled
+So at the end of the GEMM, utility and memory sweeps a fixed-seed sample of their held-out rows is timed again, in shuffled
 order, with the sweep's own spec, and each keeps the second median as `repeat_us`. The fit
 never reads it; the summary sets the sample's mean |repeat / first - 1| beside the model's
 held-out error (pipeline/analysis/repeat.py).

@@ -30,6 +30,7 @@ from pipeline.core.dtypes import element_bytes
 from pipeline.harness.dtypes import torch_dtype
 from pipeline.harness.order import interleaved
 from pipeline.harness.progress import Progress
+from pipeline.harness.repeat import repeat_sample, retime
 from pipeline.harness.stalls import remeasure_stalled
 from pipeline.harness.timer import TimingSpec, measure
 from pipeline.predict.memory import MEMORY_OPS, OP_DIMS, memory_bytes
@@ -216,8 +217,11 @@ def sweep_memory(dev: DeviceIdentity, profile_name, log=None) -> list[dict]:
         prog.step(f"{op} {dtype} {s}")
     timed.sort(key=lambda t: t[0])  # rows in list order
     rows, makers = [t[1] for t in timed], [t[2] for t in timed]
-    remeasure_stalled(rows, makers, z.timing, dev.torch_device, dev.l2_bytes or 0, prog.log,
-                      get_profile(name, dev.kind).stall_wait_s)
+    profile = get_profile(name, dev.kind)
+    remeasure_stalled(rows, makers, z.timing, dev.torch_device, dev.l2_bytes or 0, prog.log, profile.stall_wait_s)
+    picked = repeat_sample([(r["op"], r["dtype"]) for r in rows], [r["held_out"] for r in rows],
+                           profile.utility_repeats_per_group)
+    retime(rows, makers, picked, z.timing, dev.torch_device, dev.l2_bytes or 0, prog.log)
     if skipped:
         prog.log(f"[memory_samples] {skipped} points ran out of device memory: not recorded")
     return rows

@@ -39,7 +39,7 @@ class Profile:
     # held-out GEMM rows per (op, dtype) timed a second time at the end of the sweep: how well
     # the machine repeats itself (harness/repeat.py); 0 = none
     gemm_repeats_per_group: int = 12
-    utility_repeats_per_group: int = 3  # the same per (op, dtype) of utility_samples (13 ops)
+    utility_repeats_per_group: int = 3  # the same per (op, dtype) of utility_samples (13 ops) and memory_samples
     # attention_samples: seq (q = kv) in powers of two from 32, batch in powers of the step (8 heads)
     attention_max_seq: int = 256
     attention_max_batch: int = 4

@@ -25,3 +25,16 @@ def test_a_failing_dying_or_hanging_child_is_an_answer_and_the_server_goes_on():
         assert after["echo"] == "again" and after["server"] != before
     finally:
         server.close()
+
+
+def test_a_server_killed_between_requests_is_started_again():
+    import signal
+
+    server = ForkServer("tests.fork_child")
+    try:
+        first = server.request({}, 30)["server"]
+        os.kill(first, signal.SIGKILL)  # found dead on the next request, or when it does not answer
+        again = server.request({"echo": 1}, 30)
+        assert again["echo"] == 1 and again["server"] != first
+    finally:
+        server.close()

@@ -42,16 +42,25 @@ class ForkServer:
 
     def request(self, payload, timeout_s: float) -> dict | None:
         """The child's answer (a dict; {"error": ...} when it failed); None when none came in
-        `timeout_s` (the server and its child are killed then)."""
-        if self._proc is None or self._proc.poll() is not None:
-            self._start()
-        self._proc.stdin.write(json.dumps(payload) + "\n")
-        self._proc.stdin.flush()
-        line = self._read_line(timeout_s)
-        if line is None:
-            self.close()
-            return None
-        return json.loads(line)
+        `timeout_s` (the server and its child are killed then). A server found dead (killed
+        since the last request, or before it answered) is started again, once."""
+        for attempt in (1, 2):
+            if self._proc is None or self._proc.poll() is not None:
+                self._start()
+            try:
+                self._proc.stdin.write(json.dumps(payload) + "\n")
+                self._proc.stdin.flush()
+            except BrokenPipeError:
+                self.close()
+                continue
+            line = self._read_line(timeout_s)
+            if line is None:
+                self.close()
+                return None
+            if line:
+                return json.loads(line)
+            self.close()  # end of file: the server itself died
+        return {"error": "the fork server died twice before answering"}
 
     def _start(self) -> None:
         self._proc = subprocess.Popen([sys.executable, "-m", self.module, "--serve"], stdin=subprocess.PIPE,
@@ -62,11 +71,9 @@ class ForkServer:
                                f"in {START_TIMEOUT_S:.0f} s")
 
     def _read_line(self, timeout_s: float) -> str | None:
+        """The server's next line, stripped; "" at end of file; None after `timeout_s`."""
         ready, _, _ = select.select([self._proc.stdout], [], [], timeout_s)
-        if not ready:
-            return None
-        line = self._proc.stdout.readline()
-        return line.strip() if line else json.dumps({"error": "the fork server exited"})
+        return self._proc.stdout.readline().strip() if ready else None
 
     def close(self) -> None:
         if self._proc is None:

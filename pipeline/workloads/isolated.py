@@ -45,12 +45,15 @@ ADAPT_BYTES = 31 << 20
 
 ALLOCATOR_STATES = ("adapted", "fresh")
 LAUNCHES = ("forkserver", "exec")
+# fork() after importing torch is what Linux servers do; elsewhere (macOS) a fresh interpreter
+DEFAULT_LAUNCH = "forkserver" if sys.platform.startswith("linux") else "exec"
 # what every child needs, imported once by the fork server (a module it cannot import is skipped)
 PRELOAD = ["pipeline.workloads.dlrm_run", "pipeline.workloads.gpt2_run", "transformers.models.gpt2.modeling_gpt2"]
 
 
 def measure_in_child(workload: str, spec, batch: int, seq: int, dtype: str, threads: int, warmup: int, reps: int,
-                     timeout_s: float = TIMEOUT_S, allocator: str = "adapted", launch: str = "forkserver") -> Measurement:
+                     timeout_s: float = TIMEOUT_S, allocator: str = "adapted",
+                     launch: str = DEFAULT_LAUNCH) -> Measurement:
     """The step of one workload (`spec`: a GPT2Spec or a DLRMSpec), timed in a fresh process
     whose allocator has freed a large block ("adapted") or nothing ("fresh"), forked from the
     fork server or (`launch="exec"`) a new interpreter; raises DevcharError naming the
@@ -72,7 +75,10 @@ _SERVER = ForkServer("pipeline.workloads.isolated")
 
 
 def _forked(args: list[str], what: str, timeout_s: float) -> dict:
-    out = _SERVER.request(args, timeout_s)
+    try:
+        out = _SERVER.request(args, timeout_s)
+    except RuntimeError as exc:  # the server did not start
+        raise DevcharError(f"measuring {what} in its own process: {exc}") from exc
     if out is None:
         raise DevcharError(f"measuring {what} in its own process: no answer in {timeout_s:g} s")
     if "error" in out:

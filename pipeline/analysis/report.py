@@ -65,10 +65,10 @@ def _repeat_lines(warehouse, device: str, own) -> list[str]:
     import pandas as pd
 
     from pipeline.analysis.repeat import repeat_section
-    from pipeline.predict.memory import KERNEL_NAMES
+    from pipeline.predict.memory import kernel_name
 
     # memory kernels go by the DLRM paper's names (as in model_errors); the others by PM2Lat's types
-    kinds = {"gemm_samples": None, "utility_samples": None, "memory_samples": lambda op: KERNEL_NAMES.get(op, op)}
+    kinds = {"gemm_samples": None, "utility_samples": None, "memory_samples": kernel_name}
     held = []
     for table, kind in kinds.items():
         if not warehouse.has_table(table):

@@ -77,11 +77,11 @@ def embedding_predictions(model, samples: pd.DataFrame) -> pd.DataFrame:
 
 def memory_predictions(model, samples: pd.DataFrame) -> pd.DataFrame:
     """Held-out memory-kernel rows with predicted_us; layer type = the DLRM paper's Table IV name."""
-    from pipeline.predict.memory import KERNEL_NAMES, OP_DIMS
+    from pipeline.predict.memory import OP_DIMS, kernel_name
 
     out = []
     for (op, dtype), g in samples.groupby(["op", "dtype"]):
         pred = model.predict(op, dtype, **{d: g[d].to_numpy() for d in OP_DIMS[op]})
-        out.append(g.assign(predicted_us=pred, layer_type=KERNEL_NAMES.get(op, op)))
+        out.append(g.assign(predicted_us=pred, layer_type=kernel_name(op)))
     df = pd.concat(out)
     return df.assign(rel_err=rel_err(df["predicted_us"], df["median_us"]))

@@ -39,6 +39,11 @@ KERNEL_NAMES = {"concat": "concat", "memcpy_h2d": "memcpy", "memcpy_d2d": "memcp
 TRIL_INDEX_BYTES = 8
 
 
+def kernel_name(op: str) -> str:
+    """The DLRM paper's Table IV name of a memory op (the layer type its errors are reported under)."""
+    return KERNEL_NAMES.get(op, op)
+
+
 def check_op(op: str) -> str:
     if op not in MEMORY_OPS:
         raise BadShapeError(f"unknown memory op {op!r}; expected one of {MEMORY_OPS}")
@@ -184,6 +189,6 @@ def table_iv_rows(model: MemoryModel, heldout_df: pd.DataFrame) -> pd.DataFrame:
     out = []
     for (op, dtype), g in heldout_df.groupby(["op", "dtype"], sort=False):
         pred = model.predict(op, dtype, **{d: g[d].to_numpy() for d in OP_DIMS[op]})
-        out.append({"kernel": KERNEL_NAMES.get(op, op), "op": op, "dtype": dtype,
+        out.append({"kernel": kernel_name(op), "op": op, "dtype": dtype,
                     **kernel_error_stats(pred, g["median_us"].to_numpy(float))})
     return pd.DataFrame(out, columns=["kernel", "op", "dtype", "n", "gmae", "mean", "std"])

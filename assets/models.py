@@ -32,4 +32,4 @@ embedding_model = model_asset(FittedModel(
 memory_model = model_asset(FittedModel(
     "memory_model", samples="memory_samples", fit=memory.MemoryModel.fit,
     predict=memory_predictions, table_iv=memory.table_iv_rows,
-    doc="Roofline for concat/memcpy; MLP for transpose and tril."))
+    doc="Roofline for concat/memcpy (an MLP where it validates better); MLP for transpose and tril."))

@@ -86,6 +86,39 @@ def test_concat_pays_per_input_and_goes_parallel_past_a_size():
         want = 1.0 + 0.5 * k + (nbytes / 20e3 if nbytes < 1 << 20 else 8.0 + nbytes / 100e3)
         assert model.predict("concat", "float32", batch=b, n=n, k=k) == pytest.approx(want, rel=0.02)
     assert model.bandwidth_gbps("concat", "float32") == pytest.approx(100.0, rel=0.02)  # the large regime's
+    assert model.method("concat", "float32") == "heuristic"  # an exact law validates better than any MLP
+
+
+def _one_thread_by_slice(b, n, k):
+    """ATen's cat as a CPU runs it: each input's copy forks threads only past a grain of elements
+    of its own slice (batch x n), whatever the total: no one law of bytes fits both sides."""
+    nbytes = 2.0 * np.asarray(b) * n * k * 4
+    return 2.0 + 0.3 * k + nbytes / np.where(np.asarray(b) * n < 32768, 3e3, 60e3)
+
+
+def test_concat_goes_to_an_mlp_where_the_heuristic_validates_worse():
+    from pipeline.predict.memory import _fit_heuristic
+
+    rows = [dict(op="concat", batch=b, m=1, n=n, k=k, median_us=float(_one_thread_by_slice(b, n, k)))
+            for b, n, k in itertools.product((16, 128, 1024, 4096), (16, 40, 64, 100, 256), (2, 5, 9, 17, 27))]
+    df = pd.DataFrame(rows).assign(dtype="float32", held_out=False)
+    model = MemoryModel.fit(df, grid="reduced")
+    assert model.method("concat", "float32") == "mlp"
+    params = model.nets[("concat", "float32")]
+    assert params["val_rel_err"] < params["heuristic_val_rel_err"]
+    with pytest.raises(MissingModelError, match="MLP"):
+        model.bandwidth_gbps("concat", "float32")
+    again = MemoryModel.from_dict(json.loads(json.dumps(model.to_dict())))
+    assert again.method("concat", "float32") == "mlp"
+
+    dims = {d: df[d].to_numpy(float) for d in ("batch", "n", "k")}
+    law = MemoryModel({("concat", "float32"): _fit_heuristic("concat", "float32", dims, df["median_us"].to_numpy(), 0)}, {})
+    rng = np.random.default_rng(1)  # shapes off the grid
+    b, n, k = rng.integers(16, 4096, 60), rng.integers(16, 256, 60), rng.integers(2, 27, 60)
+    want = _one_thread_by_slice(b, n, k)
+    err = {name: np.mean(np.abs(m.predict("concat", "float32", batch=b, n=n, k=k) / want - 1))
+           for name, m in (("mlp", again), ("heuristic", law))}
+    assert err["mlp"] < err["heuristic"], err
 
 
 def test_a_memory_model_saved_before_regimes_still_loads():

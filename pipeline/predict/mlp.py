@@ -104,6 +104,15 @@ class Net:
         return self.raw(X) * self.params["y_std"] + self.params["y_mean"]
 
 
+def validation_split(n: int, seed: int = 0, val_frac: float = 0.2) -> tuple[np.ndarray, np.ndarray]:
+    """(validation rows, training rows) of n, seeded: the split search() scores on, so another
+    model fitted on the same training rows is scored on the same validation rows. Under 5 rows:
+    no validation rows."""
+    perm = np.random.default_rng(seed).permutation(n)
+    n_val = max(1, int(round(val_frac * n))) if n >= 5 else 0
+    return perm[:n_val], perm[n_val:]
+
+
 def search(X: np.ndarray, y: np.ndarray, decode: Callable[[np.ndarray, np.ndarray], np.ndarray],
            t_meas: np.ndarray, grid: str | dict = "reduced", seed: int = 0, val_frac: float = 0.2) -> dict:
     """Grid search: train each configuration on a split of the training rows, score it by the mean
@@ -115,13 +124,10 @@ def search(X: np.ndarray, y: np.ndarray, decode: Callable[[np.ndarray, np.ndarra
     n = len(y)
     if n < 2:
         raise ValueError(f"need at least 2 training rows to fit an MLP; got {n}")
-    rng = np.random.default_rng(seed)
-    perm = rng.permutation(n)
-    n_val = max(1, int(round(val_frac * n))) if n >= 5 else 0
-    val, tr = perm[:n_val], perm[n_val:]
+    val, tr = validation_split(n, seed, val_frac)
     cands = configs(grid)
     best, best_err = cands[0], np.inf
-    if len(cands) > 1 and n_val:
+    if len(val):  # one candidate is scored too: its val_rel_err is what a caller compares with another model's
         for cfg in cands:
             try:
                 _, p = train(X[tr], y[tr], cfg, seed)

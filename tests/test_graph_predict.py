@@ -133,3 +133,17 @@ def test_active_time_takes_the_profilers_cost_of_each_nested_event_off_its_paren
                             dict(workload="dlrm", config="b", batch=8, us=1.0, profiler_overhead_us=2.5)])
     assert per_event_us(samples, {"workload": "dlrm", "config": "b", "batch": 8}) == 2.5
     assert per_event_us(samples.drop(columns="profiler_overhead_us"), {"workload": "dlrm"}) == 0.0
+
+
+def test_a_concat_is_priced_as_the_row_segments_aten_copies():
+    from pipeline.predict.price_recsys import concat_dims
+
+    # DLRM's (batch, features) cats along dim 1, and a stack of 8 (32, 32) lookups along dim 1
+    assert concat_dims([[32, 32], [32, 36]], 1) == (32, 34, 2)
+    assert concat_dims([[32, 32]] * 8, 1, stack=True) == (32, 32, 8)
+    # Llama's rotary halves (B, H, S, d/2) joined along the last dim: B*H*S segments of d/2
+    assert concat_dims([[1, 9, 128, 32]] * 2, -1) == (1152, 32, 2)
+    assert concat_dims([[1, 9, 128, 32]] * 2, 0) == (1, 36864, 2)  # whole tensors, one after the other
+    # no recorded dim (a profiler capture), or one out of range: rows along the first dim
+    assert concat_dims([[4, 10, 3]] * 3, None) == (4, 30, 3)
+    assert concat_dims([[4, 10, 3]] * 3, 7) == (4, 30, 3)

@@ -9,7 +9,8 @@ The DLRM paper's kernel models (§III-B) price what the GEMM/utility tables cann
                                    (cumsum, sparse_backward, ...) and the sparse SGD update
                                    of the table (aten::add_ of the table by its sparse grad),
                                    as the embedding sweep times backward + SGD together
-  aten::cat / aten::stack          concat: memory model (batch, n, k)
+  aten::cat / aten::stack          concat: memory model (batch, n, k), batch the row segments
+                                   before the joined dim (concat_dims)
   aten::index_select, dim 1        tril-F: gather of the interaction's lower triangle
   aten::index_select_backward      tril-B: zero fill + index_add (covers its subtree)
 No torch here: shapes and scalar arguments come from the execution trace (capture.py).
@@ -23,6 +24,21 @@ from pipeline.core.errors import MissingModelError
 
 EMB_FWD, EMB_BWD = "aten::_embedding_bag", "aten::_embedding_bag_backward"
 NUM_WEIGHTS_ARG = 6  # _embedding_bag_backward(grad, indices, offsets, offset2bag, bag_size, max_idx, num_weights, ...)
+
+
+def concat_dims(parts: list[list[int]], dim, stack: bool = False) -> tuple[int, int, int]:
+    """(batch, n, k) of the memory model's concat for k tensors joined along `dim`: ATen copies
+    each input as `batch` row segments of n elements, batch the product of the dims before
+    `dim` (a stack's new dim likewise). Llama's rotary cat of two (B, H, S, d/2) halves along the
+    last dim is B*H*S segments of d/2, not one of H*S*d/2. Without a recorded dim (a profiler
+    capture): rows along the first dim, as DLRM's (batch, features) cats are."""
+    rank = len(parts[0])
+    if isinstance(dim, int) and not isinstance(dim, bool) and -(rank + stack) <= dim < rank + stack:
+        batch = math.prod(parts[0][: dim % (rank + stack)])
+    else:
+        batch = parts[0][0]
+    n = sum(math.prod(t) for t in parts) // max(batch * len(parts), 1)
+    return max(batch, 1), max(n, 1), len(parts)
 
 
 class RecsysOps:
@@ -68,10 +84,8 @@ class RecsysOps:
             return "covered", ()  # the sparse SGD step of a table: part of EL-B's timing
         if name in ("aten::cat", "aten::stack") and isinstance(shapes[0], list) and shapes[0] \
                 and all(isinstance(t, list) and t for t in shapes[0]):
-            parts = shapes[0]
-            batch = parts[0][0]
-            n = sum(math.prod(t) for t in parts) // max(batch * len(parts), 1)
-            return "memory:concat", (batch, max(n, 1), len(parts))
+            return "memory:concat", concat_dims(shapes[0], scalars[1] if scalars and len(scalars) > 1 else None,
+                                                stack=name == "aten::stack")
         if name == "aten::index_select" and scalars and len(scalars) >= 2 and scalars[1] == 1 \
                 and len(shapes[0] or ()) == 2:
             batch, nn_ = shapes[0]

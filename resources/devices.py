@@ -31,6 +31,7 @@ from pipeline.runner import SWEEPS, tables_of
 from pipeline.core.slugs import SLUG, check_slug, under
 from resources.env import as_text, number
 from resources.k8s import K8sSettings, run_pod, sweep_pod
+from resources.pipes_reader import WholeLineMessageReader
 
 
 def read_rows(path: Path) -> pd.DataFrame:
@@ -156,7 +157,8 @@ class DeviceRunner(dg.ConfigurableResource):
             cmd = [sys.executable, "-m", "pipeline.runner", sweep, "--device", device, "--profile",
                    self.profile, "--out", out, "--run-id", context.run.run_id[:12], "--threads", str(self.threads),
                    "--timing-scale", repr(self.scale())]
-            invocation = dg.PipesSubprocessClient(cwd=str(REPO_ROOT)).run(command=cmd, context=context)
+            client = dg.PipesSubprocessClient(cwd=str(REPO_ROOT), message_reader=WholeLineMessageReader())
+            invocation = client.run(command=cmd, context=context)
             return read_results(list(invocation.get_custom_messages()), Path(out), sweep)
 
     def _run_k8s(self, context: dg.AssetExecutionContext, sweep: str, device: str) -> dict[str, pd.DataFrame]:

@@ -44,7 +44,7 @@ class ForkServer:
         """The child's answer (a dict; {"error": ...} when it failed); None when none came in
         `timeout_s` (the server and its child are killed then). A server found dead (killed
         since the last request, or before it answered) is started again, once."""
-        for attempt in (1, 2):
+        for _ in range(2):  # a dead server is started again once
             if self._proc is None or self._proc.poll() is not None:
                 self._start()
             try:

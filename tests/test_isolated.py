@@ -83,3 +83,25 @@ def test_a_child_without_a_result_line_names_the_workload(monkeypatch, stdout):
     monkeypatch.setattr(subprocess, "run", lambda args, **kw: subprocess.CompletedProcess(args, 0, stdout, ""))
     with pytest.raises(DevcharError, match="dlrm dlrm-tiny batch=4 .*no result line"):
         measure_in_child("dlrm", TINY_CONFIGS[0], 4, 0, "float32", threads=1, warmup=1, reps=3, launch="exec")
+
+
+def test_each_step_keeps_its_quicker_pass_and_says_how_far_apart_they_were(monkeypatch):
+    """A slow spell that lands on one row's first pass: the second pass, a whole list later, is
+    the row's figure, and the row says the two were 50 % apart."""
+    from pipeline.sweeps import workload_runs
+    from pipeline.workloads import isolated
+
+    seen = []
+
+    def fake_child(workload, spec, batch, seq, *args, **kw):
+        seen.append((workload, batch))
+        slow = len(seen) == 1  # the very first step timed, in a spell
+        t = 1500.0 if slow else 1000.0
+        return Measurement(np.array([t, t, t]), faults_per_call=0.0)
+
+    monkeypatch.setattr(isolated, "measure_in_child", fake_child)
+    profile = replace(get_profile("tiny"), workloads_in_own_process=True, workload_passes=2)
+    rows = workload_runs.sweep_workloads(identify("cpu"), profile)
+    assert len(seen) == 8 and seen[:4] == seen[4:]  # the whole list, then the whole list again
+    assert all(r["passes"] == 2 and r["measured_ms"] == pytest.approx(1.0) for r in rows)
+    assert [round(r["pass_spread"], 3) for r in rows] == [0.5, 0.0, 0.0, 0.0]

@@ -144,25 +144,15 @@ def test_the_summary_sets_the_workload_runs_speed_probe_against_the_gemm_sweeps(
               "gemm_samples": pd.DataFrame({"device": "d", "canary_us": [400.0, 400.0, 410.0]}),
               "workload_runs": pd.DataFrame({"device": "d", "canary_us": [440.0]})}
 
-    class Warehouse:
-        def __init__(self, have):
-            self.have = have
-
-        def has_table(self, table):
-            return table in self.have
-
-        def query(self, sql, params=None):
-            return next(t for name, t in self.have.items() if f"FROM {name}" in sql)
-
-    text = render_summary(Warehouse(tables), "d")
+    text = render_summary(TablesWarehouse(tables), "d")
     assert "the speed probe ran 10.0% slower during the workload runs" in text and "predictions under" in text
     no_probe = {**tables, "workload_runs": pd.DataFrame({"device": "d", "measured_ms": [1.0]})}
-    assert "speed probe" not in render_summary(Warehouse(no_probe), "d")
+    assert "speed probe" not in render_summary(TablesWarehouse(no_probe), "d")
     # the 16-core host's take of 2026-11-26: one probe around its GEMM sweep stalled (3 ms
     # beside 77 us); that is no "97.5% faster", and the summary must not say so
     stalled = {**tables, "gemm_samples": pd.DataFrame({"device": "d", "canary_us": [3063.0]}),
                "workload_runs": pd.DataFrame({"device": "d", "canary_us": [77.0]})}
-    text = render_summary(Warehouse(stalled), "d")
+    text = render_summary(TablesWarehouse(stalled), "d")
     assert "a stalled probe, not the machine drifting" in text and "faster" not in text
 
 
@@ -173,3 +163,36 @@ def test_a_sweep_keeps_the_quicker_probe_reading_and_warns_only_on_a_stall():
     assert sweep_speed(120.0, 100.0) == (100.0, None)
     probe, warning = sweep_speed(78.0, 6000.0)
     assert probe == 78.0 and "6000 us after" in warning and "stalled" in warning
+
+
+def test_the_workload_sections_show_how_far_each_steps_passes_were_apart():
+    import pandas as pd
+
+    from pipeline.analysis.report import render_summary
+
+    preds = pd.DataFrame([{"workload": "dlrm", "config": "c", "batch": b, "seq": 0, "measured_ms": 1.0,
+                           "predictor": "e2e_shared", "predicted_ms": 0.9, "rel_err": -0.1, "kernel_only_ms": 1.0,
+                           "active_measured_ms": 1.0} for b in (32, 128)])
+    runs = pd.DataFrame({"device": "d", "workload": "dlrm", "config": "c", "batch": [32, 128], "seq": 0,
+                         "passes": 2, "pass_spread": [0.04, 0.62]})
+
+    text = render_summary(TablesWarehouse({"predictions": preds, "workload_runs": runs}), "d")
+    assert "passes_apart" in text and "62.0%" in text and "4.0%" in text
+    assert "timed in 2 passes" in text and "at most 62.0% (dlrm c b=128)" in text
+    once = runs.assign(passes=1, pass_spread=0.0)  # a GPU's runs, or an older take's
+    text = render_summary(TablesWarehouse({"predictions": preds, "workload_runs": once}), "d")
+    assert "passes_apart" not in text and "passes, a whole pass apart" not in text
+    assert "-10.0%" in text  # the sections are still there
+
+
+class TablesWarehouse:
+    """Each query answers with the one table it names: enough for render_summary's reads."""
+
+    def __init__(self, have):
+        self.have = have
+
+    def has_table(self, table):
+        return table in self.have
+
+    def query(self, sql, params=None):
+        return next(t for name, t in self.have.items() if f"FROM {name}" in sql)

@@ -54,9 +54,10 @@ def render_summary(warehouse, device: str, run_id: str | None = None) -> str:
             p = p[p["run_id"].astype(str) == run_id[:12]]
             lines += [f"\n-- {_TITLES.get(w, w)}: not predicted in this run (a failed check or step stopped it) --"
                       for w in stale]
+        p, spread = _with_pass_spread(warehouse, device, p)
         for workload, g in p.groupby("workload", sort=False):
             lines.append(_workload_section(workload, g))
-        lines += _speed_drift(warehouse, device)
+        lines += spread + _speed_drift(warehouse, device)
     return "\n".join(lines)
 
 
@@ -108,14 +109,45 @@ def _speed_drift(warehouse, device: str) -> list[str]:
 _TITLES = {"gpt2": "GPT-2 forward", "dlrm": "DLRM training step"}
 
 
+PASSES_APART = "passes_apart"  # the summary's column: how far a step's timed passes were apart
+
+
+def _with_pass_spread(warehouse, device: str, p):
+    """The predictions with each measured step's pass spread (workload_runs' `pass_spread`, the
+    slowest pass over the quickest), and a line on how well the steps repeated; the predictions
+    unchanged and no line where the runs were timed once (a GPU, the tiny profile, an older take)."""
+    import pandas as pd
+
+    if not warehouse.has_table("workload_runs"):
+        return p, []
+    runs = warehouse.query("SELECT * FROM workload_runs WHERE device = ?", [device])
+    if "pass_spread" not in runs or runs["pass_spread"].isna().all() or runs["passes"].max() < 2:
+        return p, []
+    key = ["workload", "config", "batch", "seq"]
+    runs = runs[key + ["pass_spread", "passes"]].rename(columns={"pass_spread": PASSES_APART})
+    merged = p.merge(runs.drop(columns="passes"), on=key, how="left")
+    # a prediction without its run's spread would drop out of the sections' pivot: keep the column
+    # only where every row has one
+    p = merged if merged[PASSES_APART].notna().all() else p
+    s = pd.to_numeric(runs[PASSES_APART])
+    worst = runs.loc[s.idxmax()]
+    return p, [f"\nworkload steps timed in {int(runs['passes'].max())} passes, a whole pass apart: their medians "
+               f"differed by {s.median():.1%} (median over steps), at most {s.max():.1%} ({worst['workload']} "
+               f"{worst['config']} b={worst['batch']}); each step keeps its quicker pass. An error near a step's "
+               f"`{PASSES_APART}` is what this machine's timings let any prediction score."]
+
+
 def _workload_section(workload: str, p) -> str:
     """Predicted vs measured per run, one column per predictor, and Table V's summary."""
     from pipeline.predict.graph_predict import table_v
 
-    wide = p.pivot_table(index=["config", "batch", "seq", "measured_ms"], columns="predictor", values="rel_err")
+    index = ["config", "batch", "seq", "measured_ms"] + ([PASSES_APART] if PASSES_APART in p else [])
+    wide = p.pivot_table(index=index, columns="predictor", values="rel_err")
     wide = wide.reset_index()
-    fmt = {c: "{:+.1%}".format for c in wide.columns if c not in ("config", "batch", "seq", "measured_ms")}
+    fmt = {c: "{:+.1%}".format for c in wide.columns if c not in index}
     fmt["measured_ms"] = "{:.2f}".format
+    if PASSES_APART in wide:
+        fmt[PASSES_APART] = "{:.1%}".format
     tv = table_v(p)
     out = [f"\n-- {_TITLES.get(workload, workload)}: error of each predictor against the measured step (ms) --",
            wide.to_string(index=False, formatters=fmt),

@@ -86,7 +86,8 @@ CONTRACT: dict[str, Table] = {
     "workload_runs": Table({**WORKLOAD_KEY, "measured_ms": "float", "p20_ms": "float", "p80_ms": "float",
                             "cv": "float", "reps": "int", **KEY},
                            {"n_layer": "int", "n_embd": "int", "n_head": "int", "vocab_size": "int",
-                            "canary_us": "float", "faults_per_step": "float"},
+                            "canary_us": "float", "faults_per_step": "float", "passes": "int",
+                            "pass_spread": "float"},
                            {"measured_ms": ">0", "p20_ms": ">0", "p80_ms": ">0"}),
     "opencl_launches": Table(
         {"kernel_id": "str", "source_hash": "str", "suite": "str", "family": "str", "kernel_name": "str",

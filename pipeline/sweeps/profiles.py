@@ -28,6 +28,9 @@ class Profile:
     stall_wait_s: float = 60.0  # after a sweep, how long to wait for a quiet machine to re-measure stalled rows
     workload_warmup: int = 5
     workload_reps: int = 25
+    # CPU: the workload list timed this many times, a whole pass apart; each row keeps its
+    # quicker pass (sweeps/workload_runs.py: a shared VM's slow spells outlast one row)
+    workload_passes: int = 2
     # CPU: each workload step timed in a process of its own, its allocator in a stated state
     # (workloads/isolated.py); the tiny profile's toy models skip the interpreter start
     workloads_in_own_process: bool = True
@@ -115,7 +118,7 @@ PROFILES = {
         utility_heldout_per_op=2, gemm_timing=TimingSpec(warmup_s=0.0, budget_s=0.005, min_reps=3, max_reps=20),
         utility_timing=TimingSpec(warmup_s=0.0, budget_s=0.005, min_reps=3, max_reps=20),
         workload_configs="tiny", workload_batches=(1, 2), workload_seqs=(16,), workload_warmup=1, workload_reps=3,
-        workloads_in_own_process=False, stall_wait_s=2.0,
+        workload_passes=1, workloads_in_own_process=False, stall_wait_s=2.0,
         dlrm_configs="tiny", dlrm_batches=(4, 8), trace_warmup=1, reference_shapes_per_source=2,
         gemm_repeats_per_group=2, utility_repeats_per_group=1,
         attention_max_seq=64, attention_max_batch=2, attention_max_point_flops=1e7, attention_heldout=2,

@@ -1,39 +1,68 @@
 """workload_runs: real measured steps — GPT-2-family forward passes and DLRM training steps
 (PM2Lat's protocol: 5 warm-up, 25 timed, median), one build per (config, batch); on the CPU
 each in a process of its own (workloads/isolated.py: the allocator state of the workloads
-before it would move its step's page faults)."""
+before it would move its step's page faults).
+
+On a CPU the whole list is timed `profile.workload_passes` times, one pass after the other, and
+each row keeps the pass with the quicker median. A shared VM has slow spells tens of seconds
+long that no spread within 25 steps shows: on the Xeon VM (2026-11-27, `make run` at 11:31) the
+DLRM steps measured 1.5-2.2x what the same steps measured minutes before and after (ddp batch
+128: 7.3 ms in the run, 6.0 and 7.8 ms re-timed idle; default batch 128: 44 ms, 20 ms in the
+run of 10:08), while the speed probe before and after the sweep read 2.7 % apart. A row whose
+passes, a whole pass apart, both land in a spell is rarer than one that does. Each row records
+how far its passes were apart (`pass_spread`), which the summary prints: the repeat of the
+ground truth the predictions are scored against.
+"""
 from __future__ import annotations
 
 import math
 
 from pipeline.device.discover import DeviceIdentity
 from pipeline.harness.progress import Progress
+from pipeline.harness.timer import Measurement
+from pipeline.sweeps.catalog import WorkloadEntry, workload_entries
 from pipeline.sweeps.profiles import Profile
-from pipeline.sweeps.catalog import workload_entries
 
 
 def sweep_workloads(dev: DeviceIdentity, profile: Profile, log=None, dtype: str = "float32") -> list[dict]:
+    todo = workload_entries(profile, evaluated_only=True)
+    # a GPU's step is timed by the device, not by a host that other tenants slow down
+    passes = max(profile.workload_passes, 1) if dev.kind == "cpu" else 1
+    prog = Progress("workload_runs", len(todo) * passes, log)
+    kept: list[Measurement | None] = [None] * len(todo)
+    medians: list[list[float]] = [[] for _ in todo]
+    for p in range(passes):
+        for i, e in enumerate(todo):
+            m = _measure(dev, profile, e, dtype)
+            medians[i].append(m.median_us)
+            if kept[i] is None or m.median_us < kept[i].median_us:
+                kept[i] = m
+            counted = math.isfinite(m.faults_per_call)  # NaN on CUDA: no host page faults counted
+            faults = f", {m.faults_per_call:.0f} page faults a step" if counted else ""
+            of = f" (pass {p + 1}/{passes})" if passes > 1 else ""
+            prog.step(f"{e.workload} {e.config} b={e.batch} s={e.seq} {m.median_us / 1e3:.1f} ms{faults}{of}")
+    return [_row(e, m, meds, dtype) for e, m, meds in zip(todo, kept, medians)]
+
+
+def _measure(dev: DeviceIdentity, profile: Profile, e: WorkloadEntry, dtype: str) -> Measurement:
     import torch
 
     from pipeline.workloads.isolated import measure_here, measure_in_child
 
-    todo = workload_entries(profile, evaluated_only=True)
-    prog = Progress("workload_runs", len(todo), log)
-    rows = []
-    for e in todo:
-        if dev.kind == "cpu" and profile.workloads_in_own_process:
-            m = measure_in_child(e.workload, e.spec, e.batch, e.seq, dtype, torch.get_num_threads(),
-                                 profile.workload_warmup, profile.workload_reps)
-        else:
-            m = measure_here(e.workload, e.spec, e.batch, e.seq, dtype, dev.torch_device, profile.workload_warmup,
-                             profile.workload_reps)
-        extra = {"n_layer": e.spec.n_layer, "n_embd": e.spec.n_embd, "n_head": e.spec.n_head,
-                 "vocab_size": e.spec.vocab_size} if e.workload == "gpt2" else {}
-        counted = math.isfinite(m.faults_per_call)  # NaN on CUDA: no host page faults counted
-        rows.append({"workload": e.workload, "config": e.config, **extra, "batch": e.batch, "seq": e.seq,
-                     "mode": e.mode, "dtype": dtype, "measured_ms": m.median_us / 1e3, "p20_ms": m.p20_us / 1e3,
-                     "p80_ms": m.p80_us / 1e3, "cv": m.cv, "reps": m.reps,
-                     **({"faults_per_step": m.faults_per_call} if counted else {})})
-        faults = f", {m.faults_per_call:.0f} page faults a step" if counted else ""
-        prog.step(f"{e.workload} {e.config} b={e.batch} s={e.seq} {m.median_us / 1e3:.1f} ms{faults}")
-    return rows
+    if dev.kind == "cpu" and profile.workloads_in_own_process:
+        return measure_in_child(e.workload, e.spec, e.batch, e.seq, dtype, torch.get_num_threads(),
+                                profile.workload_warmup, profile.workload_reps)
+    return measure_here(e.workload, e.spec, e.batch, e.seq, dtype, dev.torch_device, profile.workload_warmup,
+                        profile.workload_reps)
+
+
+def _row(e: WorkloadEntry, m: Measurement, medians: list[float], dtype: str) -> dict:
+    """The row of the kept pass; `pass_spread` is the slowest pass's median over the quickest's, less 1."""
+    extra = {"n_layer": e.spec.n_layer, "n_embd": e.spec.n_embd, "n_head": e.spec.n_head,
+             "vocab_size": e.spec.vocab_size} if e.workload == "gpt2" else {}
+    counted = math.isfinite(m.faults_per_call)
+    return {"workload": e.workload, "config": e.config, **extra, "batch": e.batch, "seq": e.seq,
+            "mode": e.mode, "dtype": dtype, "measured_ms": m.median_us / 1e3, "p20_ms": m.p20_us / 1e3,
+            "p80_ms": m.p80_us / 1e3, "cv": m.cv, "reps": m.reps, "passes": len(medians),
+            "pass_spread": max(medians) / min(medians) - 1.0,
+            **({"faults_per_step": m.faults_per_call} if counted else {})}

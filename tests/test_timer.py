@@ -131,6 +131,7 @@ def test_the_timing_scale_shortens_a_profile_but_keeps_its_grids(monkeypatch):
         plain.k_values, plain.gemm_aspect_k, plain.workload_batches)
     assert short.stall_wait_s == pytest.approx(plain.stall_wait_s / 4)
     assert 3 <= short.workload_reps < plain.workload_reps and 1 <= short.workload_warmup <= plain.workload_warmup
+    assert short.workload_passes == 1 < plain.workload_passes  # a test's run times its workloads once
     # the points past a quarter of the FLOP caps are skipped (a point's counts do not scale)
     assert (short.max_point_flops, short.max_wave_flops, short.max_aspect_flops) == pytest.approx(
         (plain.max_point_flops / 4, plain.max_wave_flops / 4, plain.max_aspect_flops / 4))

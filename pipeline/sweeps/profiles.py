@@ -31,6 +31,9 @@ class Profile:
     # CPU: the workload list timed this many times, a whole pass apart; each row keeps its
     # quicker pass (sweeps/workload_runs.py: a shared VM's slow spells outlast one row)
     workload_passes: int = 2
+    # CPU: every point of the GEMM, utility and memory sweeps timed on this many visits, a
+    # shuffled pass apart; each keeps its quicker visit (harness/revisit.py)
+    visits: int = 2
     # CPU: each workload step timed in a process of its own, its allocator in a stated state
     # (workloads/isolated.py); the tiny profile's toy models skip the interpreter start
     workloads_in_own_process: bool = True
@@ -118,7 +121,7 @@ PROFILES = {
         utility_heldout_per_op=2, gemm_timing=TimingSpec(warmup_s=0.0, budget_s=0.005, min_reps=3, max_reps=20),
         utility_timing=TimingSpec(warmup_s=0.0, budget_s=0.005, min_reps=3, max_reps=20),
         workload_configs="tiny", workload_batches=(1, 2), workload_seqs=(16,), workload_warmup=1, workload_reps=3,
-        workload_passes=1, workloads_in_own_process=False, stall_wait_s=2.0,
+        workload_passes=1, visits=1, workloads_in_own_process=False, stall_wait_s=2.0,
         dlrm_configs="tiny", dlrm_batches=(4, 8), trace_warmup=1, reference_shapes_per_source=2,
         gemm_repeats_per_group=2, utility_repeats_per_group=1,
         attention_max_seq=64, attention_max_batch=2, attention_max_point_flops=1e7, attention_heldout=2,
@@ -216,4 +219,6 @@ def get_profile(name: str, kind: str = "cpu") -> Profile:
                 max_aspect_flops=prof.max_aspect_flops and prof.max_aspect_flops * shrink)
     return replace(prof, stall_wait_s=prof.stall_wait_s * scale,  # and a workload step's counts here
                    workload_warmup=max(1, round(prof.workload_warmup * scale)),
-                   workload_reps=max(3, round(prof.workload_reps * scale)), **caps)
+                   workload_reps=max(3, round(prof.workload_reps * scale)),
+                   workload_passes=max(1, round(prof.workload_passes * scale)),
+                   visits=max(1, round(prof.visits * scale)), **caps)

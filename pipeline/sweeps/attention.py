@@ -25,6 +25,7 @@ from pipeline.core.dtypes import dtypes_for
 from pipeline.harness.dtypes import torch_dtype
 from pipeline.harness.order import interleaved
 from pipeline.harness.progress import Progress
+from pipeline.harness.revisit import revisit
 from pipeline.harness.stalls import remeasure_stalled
 from pipeline.harness.timer import measure
 from pipeline.predict.attention import BASE_GRID, HELDOUT_GRID, SCAN_GRID, TWIN_GRID, attention_flops
@@ -213,11 +214,13 @@ def sweep_attention(dev: DeviceIdentity, profile: Profile, log=None) -> list[dic
             prog.total += len(twins)
             todo += [(backend, dtype, p) for p in pts + twins]
         timed = [(key, r) for key, r in zip(scan_todo + todo, scanned + run(todo)) if r is not None]
-        if dev.kind == "cpu":  # disturbed rows again, once the machine is quiet (harness/stalls.py)
+        if dev.kind == "cpu":  # a second visit, then disturbed rows again once the machine is quiet
             keys = [key for key, _ in timed]
-            remeasure_stalled([r for _, r in timed],
-                              [lambda k=k: _sdpa_callable(k[0], k[1], k[2], dev.torch_device) for k in keys],
-                              profile.attention_timing, dev.torch_device, dev.l2_bytes or 0, prog.log,
+            rows = [r for _, r in timed]
+            makers = [lambda k=k: _sdpa_callable(k[0], k[1], k[2], dev.torch_device) for k in keys]
+            revisit(rows, makers, profile.attention_timing, dev.torch_device, profile.visits, dev.l2_bytes or 0,
+                    prog.log, within=lambda i: _only(keys[i][0]))
+            remeasure_stalled(rows, makers, profile.attention_timing, dev.torch_device, dev.l2_bytes or 0, prog.log,
                               profile.stall_wait_s, within=lambda i: _only(keys[i][0]))
     if skipped:
         prog.log(f"[attention_samples] {skipped} (backend, dtype, shape) points have no kernel here: not recorded")

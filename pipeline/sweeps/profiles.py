@@ -31,7 +31,7 @@ class Profile:
     # CPU: the workload list timed this many times, a whole pass apart; each row keeps its
     # quicker pass (sweeps/workload_runs.py: a shared VM's slow spells outlast one row)
     workload_passes: int = 2
-    # CPU: every point of the GEMM, utility and memory sweeps timed on this many visits, a
+    # CPU: every point of the GEMM, utility, memory and attention sweeps timed on this many visits, a
     # shuffled pass apart; each keeps its quicker visit (harness/revisit.py)
     visits: int = 2
     # CPU: each workload step timed in a process of its own, its allocator in a stated state

@@ -4,7 +4,7 @@ The GEMM, utility, memory and attention sweeps call it; the embedding sweep does
 
 A shared VM slows down in spells from a fraction of a second to minutes, and a point timed inside
 one reads slow with no spread to show it (every repetition was slow alike): on the model-85 Xeon
-VM two `make run`s 30 minutes apart (2026-11-27 11:31 and 12:00) timed 11 % of the same 3204
+VM two `make run`s 30 minutes apart (2026-11-27 11:31 and 11:58) timed 11 % of the same 3204
 GEMM shapes more than 1.5x apart, and the slow rows of the second (64 x 4096 x 1024 linear:
 8.7 ms at cv 0.011, 3.9 ms in the first) priced Qwen2.5's 128 x 4864 x 896 linear 52 % over
 what it ran. Timed on four visits in turn (120 mm and linear float32 shapes of that grid, the

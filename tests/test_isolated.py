@@ -28,8 +28,10 @@ def test_the_child_states_its_allocator():
     ddp = next(s for s in QUICK_CONFIGS if s.name.startswith("dlrm_ddp"))
     adapted = measure_in_child("dlrm", ddp, 512, 0, "float32", threads=1, warmup=3, reps=5)
     fresh = measure_in_child("dlrm", ddp, 512, 0, "float32", threads=1, warmup=3, reps=5, allocator="fresh")
-    assert fresh.faults_per_call > 10 * max(adapted.faults_per_call, 10.0), (fresh.faults_per_call,
-                                                                            adapted.faults_per_call)
+    # measured on the Xeon VM (2026-11-27, six pairs): adapted 3-149 faults a step, fresh 1672-2696;
+    # a factor of 10 failed once in a fast-tier run there
+    assert fresh.faults_per_call > 5 * max(adapted.faults_per_call, 20.0), (fresh.faults_per_call,
+                                                                           adapted.faults_per_call)
     with pytest.raises(DevcharError, match="unknown allocator state 'warm'"):
         measure_in_child("dlrm", ddp, 512, 0, "float32", threads=1, warmup=3, reps=5, allocator="warm")
 

@@ -104,6 +104,16 @@ def test_each_step_keeps_its_quicker_pass_and_says_how_far_apart_they_were(monke
     monkeypatch.setattr(isolated, "measure_in_child", fake_child)
     profile = replace(get_profile("tiny"), workloads_in_own_process=True, workload_passes=2)
     rows = workload_runs.sweep_workloads(identify("cpu"), profile)
-    assert len(seen) == 8 and seen[:4] == seen[4:]  # the whole list, then the whole list again
-    assert all(r["passes"] == 2 and r["measured_ms"] == pytest.approx(1.0) for r in rows)
+    # the whole list, the whole list again, then the one step whose passes its spread cannot explain
+    assert len(seen) == 9 and seen[:4] == seen[4:8] and seen[8] == seen[0]
+    assert [r["passes"] for r in rows] == [3, 2, 2, 2]
+    assert all(r["measured_ms"] == pytest.approx(1.0) for r in rows)
     assert [round(r["pass_spread"], 3) for r in rows] == [0.5, 0.0, 0.0, 0.0]
+
+
+def test_passes_apart_by_no_more_than_a_steps_spread_are_not_timed_again():
+    from pipeline.sweeps.workload_runs import disagree
+
+    assert not disagree([1000.0, 1100.0], cv=0.05)  # 10 % apart, a cv of 5 %: noise
+    assert disagree([1000.0, 1500.0], cv=0.05)  # 50 % apart: a spell
+    assert disagree([1000.0, 1000.1], cv=0.0) and not disagree([1000.0, 1000.0], cv=0.0)

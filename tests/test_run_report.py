@@ -174,11 +174,12 @@ def test_the_workload_sections_show_how_far_each_steps_passes_were_apart():
                            "predictor": "e2e_shared", "predicted_ms": 0.9, "rel_err": -0.1, "kernel_only_ms": 1.0,
                            "active_measured_ms": 1.0} for b in (32, 128)])
     runs = pd.DataFrame({"device": "d", "workload": "dlrm", "config": "c", "batch": [32, 128], "seq": 0,
-                         "passes": 2, "pass_spread": [0.04, 0.62]})
+                         "passes": [2, 3], "pass_spread": [0.04, 0.62]})
 
     text = render_summary(TablesWarehouse({"predictions": preds, "workload_runs": runs}), "d")
     assert "passes_apart" in text and "62.0%" in text and "4.0%" in text
     assert "timed in 2 passes" in text and "at most 62.0% (dlrm c b=128)" in text
+    assert "and 1 timed once more where their passes disagreed" in text
     once = runs.assign(passes=1, pass_spread=0.0)  # a GPU's runs, or an older take's
     text = render_summary(TablesWarehouse({"predictions": preds, "workload_runs": once}), "d")
     assert "passes_apart" not in text and "passes, a whole pass apart" not in text

@@ -131,9 +131,12 @@ def _with_pass_spread(warehouse, device: str, p):
     p = merged if merged[PASSES_APART].notna().all() else p
     s = pd.to_numeric(runs[PASSES_APART])
     worst = runs.loc[s.idxmax()]
-    return p, [f"\nworkload steps timed in {int(runs['passes'].max())} passes, a whole pass apart: their medians "
-               f"differed by {s.median():.1%} (median over steps), at most {s.max():.1%} ({worst['workload']} "
-               f"{worst['config']} b={worst['batch']}); each step keeps its quicker pass. An error near a step's "
+    passes = int(runs["passes"].min())
+    extra = int((runs["passes"] > passes).sum())
+    again = f", and {extra} timed once more where their passes disagreed" if extra else ""
+    return p, [f"\nworkload steps timed in {passes} passes, a whole pass apart{again}: their timings differed by "
+               f"{s.median():.1%} (median over steps), at most {s.max():.1%} ({worst['workload']} "
+               f"{worst['config']} b={worst['batch']}); each step keeps its quickest. An error near a step's "
                f"`{PASSES_APART}` is what this machine's timings let any prediction score."]
 
 

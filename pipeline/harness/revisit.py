@@ -47,7 +47,7 @@ def revisit(rows: list[dict], makers: list[Callable[[], Callable[[], object]]], 
             with (within(i) if within else nullcontext()):
                 meas = measure(makers[i](), spec, device, l2_bytes)
             if not meas.stalled and meas.median_us < rows[i]["median_us"]:
-                rows[i].update(meas.row(spec.cv_threshold), first_us=rows[i]["first_us"], visits=visits)
+                rows[i].update(meas.row(spec.cv_threshold))  # first_us and visits, set above, stay
                 replaced.add(i)
     if log:
         log(f"every point timed on {visits} visits: a later visit was quicker for {len(replaced)}/{len(rows)}")

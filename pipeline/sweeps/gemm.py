@@ -352,8 +352,7 @@ def sweep_gemm(dev: DeviceIdentity, profile: Profile, log=None) -> list[dict]:
         }
         if dev.kind == "cpu" and p.grid not in COLD_GRIDS and output_faulted(
                 rows[i].get("faults_per_call"), p):  # the same GEMM into a kept output: the faults' cost
-            kept = gemm_callable(p.op, p.dtype, p.batch, p.m, p.n, p.k, dev.torch_device, kept_output=True)
-            rows[i]["kept_us"] = measure(kept, profile.gemm_timing, dev.torch_device).median_us
+            rows[i]["kept_us"] = _kept_us(p, profile, dev)
         prog.step(f"{p.op} {p.dtype} b={p.batch} {p.m}x{p.n}x{p.k}")
     makers = [lambda p=p: make(p) for p in pts]
     revisit(rows, makers, profile.gemm_timing, dev.torch_device, profile.visits, dev.l2_bytes or 0, prog.log)
@@ -373,5 +372,10 @@ def _revisit_kept(rows: list[dict], pts: list[GemmPoint], profile: Profile, dev:
     faults' cost is the row's time less this one, and both should be the quiet machine's."""
     for r, p in zip(rows, pts):
         if "kept_us" in r and r["kept_us"] == r["kept_us"]:
-            kept = gemm_callable(p.op, p.dtype, p.batch, p.m, p.n, p.k, dev.torch_device, kept_output=True)
-            r["kept_us"] = min(r["kept_us"], measure(kept, profile.gemm_timing, dev.torch_device).median_us)
+            r["kept_us"] = min(r["kept_us"], _kept_us(p, profile, dev))
+
+
+def _kept_us(p: GemmPoint, profile: Profile, dev: DeviceIdentity) -> float:
+    """Median µs of the point's GEMM writing into an output kept across calls (no page faults)."""
+    kept = gemm_callable(p.op, p.dtype, p.batch, p.m, p.n, p.k, dev.torch_device, kept_output=True)
+    return measure(kept, profile.gemm_timing, dev.torch_device).median_us

@@ -34,6 +34,43 @@ def test_traces_sweep_writes_graphs_and_overheads(tmp_path):
     assert (ovh["profiler_overhead_us"] > 0).all() and set(ovh["run_id"]) == {"t1"}
     g = ExecutionGraph.from_dict(json.loads(graphs["graph_json"].iloc[0])["graph"])
     assert len(g) == graphs["n_ops"].iloc[0] and len(g.top_level()) == graphs["n_top_level"].iloc[0]
+    # the tiny profile captures once; a step's span holds its ops' time and the gaps between them
+    assert (graphs["passes"] == 1).all() and (graphs["pass_spread"] == 0).all()
+    assert (graphs["span_ms"] >= graphs["traced_ms"] * 0.999).all()
+
+
+def test_traces_keep_each_workloads_quickest_capture(monkeypatch):
+    """With two passes each workload keeps the capture whose step spanned the least, and the
+    overhead samples of that capture only."""
+    from dataclasses import replace
+
+    from pipeline.sweeps import traces
+    from pipeline.sweeps.catalog import WorkloadEntry
+    from pipeline.sweeps.profiles import get_profile
+    from pipeline.workloads import host_time
+
+    entries = [WorkloadEntry("mlp", "a", 1, 0, "train"), WorkloadEntry("mlp", "b", 1, 0, "train")]
+    spans = iter([10.0, 30.0, 12.0, 20.0])  # pass 1: a, b; pass 2: a, b
+    calls = []
+
+    def fake_capture(e, dev, profile, ovh, dtype):
+        span = next(spans)
+        calls.append(e.config)
+        return ({"config": e.config, "span_ms": span, "n_ops": 1},
+                [{"config": e.config, "op": "aten::mm", "type": "T1", "us": span}])
+
+    monkeypatch.setattr(traces, "workload_entries", lambda profile: entries)
+    monkeypatch.setattr(traces, "_capture", fake_capture)
+    monkeypatch.setattr(host_time, "measure_profiler_overhead", lambda: 0.5)
+    said = []
+    out = traces.sweep_traces(identify("cpu"), replace(get_profile("tiny"), workload_passes=2), log=said.append)
+    assert calls == ["a", "b", "a", "b"]  # a whole pass apart
+    graphs = {g["config"]: g for g in out["workload_graphs"]}
+    assert graphs["a"]["span_ms"] == 10.0 and graphs["b"]["span_ms"] == 20.0
+    assert graphs["a"]["passes"] == 2 and graphs["a"]["pass_spread"] == pytest.approx(0.2)
+    assert graphs["b"]["pass_spread"] == pytest.approx(0.5)
+    assert sorted((r["config"], r["us"]) for r in out["overhead_samples"]) == [("a", 10.0), ("b", 20.0)]
+    assert any("2 captures of each workload" in m and "at most 50.0%" in m for m in said)
 
 
 def test_runner_rejects_unknown_sweep_and_device(tmp_path, capsys):

@@ -58,3 +58,24 @@ def test_a_sweep_marks_its_rows_with_their_visits():
     assert rows and all(r["visits"] == 2 and r["first_us"] > 0 for r in rows)
     # the quicker visit, unless a stalled row was then re-measured on a quiet machine
     assert all(r["median_us"] <= r["first_us"] or r["remeasured"] for r in rows)
+
+
+def test_the_embedding_sweep_visits_each_group_twice(monkeypatch):
+    """The embedding sweep, tiny sizes, two visits: every row (hot, both directions) timed twice,
+    the quicker kept, the rows themselves unchanged in number and shape."""
+    from dataclasses import replace
+
+    from pipeline.device.discover import identify
+    from pipeline.sweeps import embedding
+    from pipeline.sweeps.profiles import get_profile
+
+    dev = identify("cpu")
+    once = embedding.sweep_embedding(dev, "tiny", log=lambda m: None)
+    prof = replace(get_profile("tiny"), visits=2)
+    monkeypatch.setattr(embedding, "get_profile", lambda name, kind="cpu": prof)
+    said = []
+    rows = embedding.sweep_embedding(dev, "tiny", log=said.append)
+    assert sorted((r["direction"], r["shape"]) for r in rows) == sorted((r["direction"], r["shape"]) for r in once)
+    assert rows and all(r["visits"] == 2 and r["first_us"] > 0 and r["median_us"] <= r["first_us"] for r in rows)
+    assert "visits" not in once[0]
+    assert any("every point timed on 2 visits" in m and f"/{len(rows)}" in m for m in said)

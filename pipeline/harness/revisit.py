@@ -1,6 +1,7 @@
 """Every point of a CPU kernel sweep timed on two visits, a shuffled pass apart; the quicker kept.
 
-The GEMM, utility, memory and attention sweeps call it; the embedding sweep does not yet.
+The GEMM, utility, memory and attention sweeps call it over the whole sweep; the embedding sweep
+once per (D, dtype) group, whose points share one table buffer.
 
 A shared VM slows down in spells from a fraction of a second to minutes, and a point timed inside
 one reads slow with no spread to show it (every repetition was slow alike): on the model-85 Xeon

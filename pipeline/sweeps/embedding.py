@@ -30,6 +30,7 @@ from pipeline.core.dtypes import element_bytes
 from pipeline.harness.cache_probe import cpu_llc_bytes
 from pipeline.harness.dtypes import torch_dtype
 from pipeline.harness.progress import Progress
+from pipeline.harness.revisit import revisit
 from pipeline.harness.timer import TimingSpec, kept_flusher, measure, release_flusher, timing_scale
 from pipeline.predict.embedding import (DEFAULT_ROWS_PER_BLOCK, INDEX_BYTES, embedding_traffic)
 from pipeline.sweeps.profiles import GPU_FULL_TIMING, GPU_QUICK_TIMING, get_profile
@@ -257,6 +258,7 @@ def sweep_embedding(dev: DeviceIdentity, profile_name, log=None) -> list[dict]:
             prog.log(f"[embedding_samples] a cold timing costs {cost_s:.2f} s of flushing: {len(cold_at)} of "
                      f"{len(todo)} points timed cold (cold_budget_s={budget_s:.0f})")
     tables, rows, skipped = _Tables(dev.torch_device), [], 0
+    timed_at: list[tuple[int, str, bool]] = []  # each row's (todo index, direction, cold)
     for i, (dtype, p) in enumerate(todo):
         try:
             weight = tables.get(p.T * p.E, p.D, dtype, group_rows[(dtype, p.D)])
@@ -285,9 +287,42 @@ def sweep_embedding(dev: DeviceIdentity, profile_name, log=None) -> list[dict]:
                     "shape": f"B{p.B}-E{p.E}-T{p.T}-L{p.L}-D{p.D}", "bytes": plain, "index_bytes": INDEX_BYTES,
                     **params, "held_out": p.held_out, "cold": is_cold, **meas.row(timing.cv_threshold),
                 })
+                timed_at.append((i, direction, is_cold))
             prog.step(f"{direction} {dtype} B={p.B} E={p.E} T={p.T} L={p.L} D={p.D}")
+    if dev.kind == "cpu":
+        _second_visits(rows, timed_at, todo, tables, states, group_rows, get_profile(name, dev.kind).visits,
+                       dev.torch_device, prog.log)
     tables.buf = None
     release_flusher()
     if skipped:
         prog.log(f"[embedding_samples] {skipped} (direction, shape) points ran out of device memory: not recorded")
     return rows
+
+
+def _second_visits(rows: list[dict], timed_at: list[tuple[int, str, bool]], todo: list, tables: _Tables,
+                   states: list, group_rows: dict, visits: int, device: str, log=None) -> None:
+    """Every row timed again, as the other CPU sweeps are (harness/revisit.py), keeping the quicker
+    visit. One (D, dtype) group at a time, its hot rows and its cold ones apart, each in a shuffled
+    order: the group's points share one table buffer, allocated once per group again."""
+    if visits < 2 or not rows:
+        return
+    spec_of = {is_cold: (timing, flush_half) for is_cold, timing, flush_half in states}
+    groups: dict[tuple, list[int]] = {}
+    for r, (i, _, is_cold) in enumerate(timed_at):
+        dtype, p = todo[i]
+        groups.setdefault((dtype, p.D, is_cold), []).append(r)
+
+    def maker(r: int):
+        i, direction, _ = timed_at[r]
+        dtype, p = todo[i]
+        weight = tables.get(p.T * p.E, p.D, dtype, group_rows[(dtype, p.D)])
+        return _callable(direction, weight, *_inputs(p, device))
+
+    replaced = 0
+    for (_, _, is_cold), members in groups.items():
+        timing, flush_half = spec_of[is_cold]
+        sub = [rows[r] for r in members]
+        replaced += revisit(sub, [lambda r=r: maker(r) for r in members], timing, device, visits, flush_half)
+    if log:
+        log(f"[embedding_samples] every point timed on {visits} visits: a later visit was quicker for "
+            f"{replaced}/{len(rows)}")

@@ -54,9 +54,9 @@ def main(argv: list[str] | None = None) -> int:
         config = pc.check_hf_config(path, args.batch, args.seq, args.dtype)
         model = pc.build_causal_lm(path, args.dtype, config=config)
         t0 = time.perf_counter()
-        m = pc.measure_call(model, pc.causal_lm_inputs(model, args.batch, args.seq))
+        m, blocks = pc.measure_call(model, pc.causal_lm_inputs(model, args.batch, args.seq))
         row = {"device": dev.slug, "config": _repo_relative(path), "batch": args.batch, "seq": args.seq, "dtype": args.dtype,
-               "median_us": m.median_us, "iqr_us": m.iqr_us, "cpu_util": m.cpu_util, "threads": torch.get_num_threads(),
+               "median_us": m.median_us, "block_medians_us": blocks, "iqr_us": m.iqr_us, "cpu_util": m.cpu_util, "threads": torch.get_num_threads(),
                "torch": torch.__version__, "transformers": transformers.__version__,
                "taken_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
         rows.append(row)

@@ -112,8 +112,34 @@ def test_each_step_keeps_its_quicker_pass_and_says_how_far_apart_they_were(monke
 
 
 def test_passes_apart_by_no_more_than_a_steps_spread_are_not_timed_again():
-    from pipeline.sweeps.workload_runs import disagree
+    from pipeline.harness.stalls import passes_disagree as disagree
 
     assert not disagree([1000.0, 1100.0], cv=0.05)  # 10 % apart, a cv of 5 %: noise
     assert disagree([1000.0, 1500.0], cv=0.05)  # 50 % apart: a spell
     assert disagree([1000.0, 1000.1], cv=0.0) and not disagree([1000.0, 1000.0], cv=0.0)
+
+
+def test_measure_call_keeps_the_quicker_block_and_times_a_third_when_they_disagree():
+    """`predict --measure`: blocks one after the other, the quicker median kept; blocks further
+    apart than their spread explains (a slow spell) get a third."""
+    import time
+
+    import pytest
+
+    from pipeline.workloads.predict_callable import measure_call
+
+    calls = []
+
+    def step(slow_calls):  # the first `slow_calls` calls sleep 4 ms, the rest 1 ms
+        calls.append(1)
+        time.sleep(0.004 if len(calls) <= slow_calls else 0.001)
+
+    kept, medians = measure_call(lambda: step(8), None, warmup=2, reps=6)  # the whole first block slow
+    assert len(medians) == 3 and len(calls) == 24  # 3 blocks of 2 + 6: the first two disagreed
+    assert kept.median_us == min(medians) and medians[0] > 3 * medians[1]
+    calls.clear()
+    kept, medians = measure_call(lambda: step(0), None, warmup=2, reps=6)  # steady: two blocks, unless
+    assert len(medians) in (2, 3) and len(calls) == 8 * len(medians)  # this machine stalled one
+    assert kept.median_us == min(medians)
+    with pytest.raises(ValueError, match="blocks=0"):
+        measure_call(lambda: None, None, blocks=0)

@@ -30,6 +30,12 @@ def disturbed(row: dict, cv_threshold: float) -> bool:
     return bool(row.get("stalled")) or (cv is not None and cv == cv and cv > DISTURBED_CV_FACTOR * cv_threshold)
 
 
+def passes_disagree(medians: list[float], cv: float) -> bool:
+    """Whether timings of one step, a while apart, differ by more than its repetitions' spread can
+    explain (the factor that marks a row disturbed): at least one ran in a slow spell."""
+    return max(medians) / min(medians) - 1.0 > DISTURBED_CV_FACTOR * cv
+
+
 def runnable_others() -> int:
     """Processes ready to run right now besides this one (/proc/loadavg's running count,
     which is instantaneous, where the load averages would still remember our own sweep)."""

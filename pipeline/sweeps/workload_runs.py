@@ -21,7 +21,7 @@ import math
 
 from pipeline.device.discover import DeviceIdentity
 from pipeline.harness.progress import Progress
-from pipeline.harness.stalls import DISTURBED_CV_FACTOR
+from pipeline.harness.stalls import passes_disagree
 from pipeline.harness.timer import Measurement
 from pipeline.sweeps.catalog import WorkloadEntry, workload_entries
 from pipeline.sweeps.profiles import Profile
@@ -50,19 +50,13 @@ def sweep_workloads(dev: DeviceIdentity, profile: Profile, log=None, dtype: str 
             timed(i, f" (pass {p + 1}/{passes})" if passes > 1 else "")
     # passes further apart than a step's own spread explains: at least one ran in a spell, and
     # maybe both; one more timing, as the kernel sweeps re-measure a disturbed row
-    again = [i for i in range(len(todo)) if passes > 1 and disagree(medians[i], kept[i].cv)]
+    again = [i for i in range(len(todo)) if passes > 1 and passes_disagree(medians[i], kept[i].cv)]
     prog.total += len(again)
     for i in again:
         timed(i, " (passes disagreed: timed again)")
     if again:
         prog.log(f"[workload_runs] {len(again)} steps whose passes disagreed beyond their spread timed once more")
     return [_row(e, m, meds, dtype) for e, m, meds in zip(todo, kept, medians)]
-
-
-def disagree(medians: list[float], cv: float) -> bool:
-    """Whether a step's passes differ by more than its repetitions' spread can explain (the
-    factor that marks a kernel row disturbed, harness/stalls.py)."""
-    return max(medians) / min(medians) - 1.0 > DISTURBED_CV_FACTOR * cv
 
 
 def _measure(dev: DeviceIdentity, profile: Profile, e: WorkloadEntry, dtype: str) -> Measurement:

@@ -56,10 +56,10 @@ class ColdPenalty(DataclassJSON):
         if not has_twins(rows):
             return None
         rows = rows[np.isfinite(rows["cold_us"].to_numpy(float))]
-        # a twin is timed right after its row: a row that stalled, or was timed again for its
-        # spread, had its twin taken in the same disturbance, and the hot time it is set against
-        # may be a later, steadier one
-        for flag in ("stalled", "remeasured"):
+        # a twin is timed right after its row: a row that stalled, was timed again for its
+        # spread, or sat off its neighbours' surface (harness/suspects.py) had its twin taken in
+        # the same disturbance, and the hot time it is set against may be a later, steadier one
+        for flag in ("stalled", "remeasured", "suspect"):
             if flag in rows:
                 rows = rows[~rows[flag].fillna(False).astype(bool).to_numpy()]
         if rows.empty:

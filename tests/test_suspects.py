@@ -1,0 +1,109 @@
+"""Rows off their neighbours' surface timed once more (harness/suspects.py)."""
+import numpy as np
+import pytest
+
+from pipeline.harness import suspects as sp
+from pipeline.harness.timer import Measurement, TimingSpec
+
+SPEC = TimingSpec(warmup_s=0.0, budget_s=0.001, min_reps=3, max_reps=3)
+
+
+def _lattice():
+    """A GEMM-like surface: time proportional to m n k over powers of 4, plus a latency floor."""
+    sides = [4 ** i for i in range(1, 5)]
+    coords = np.array([(m, n, k, 1) for m in sides for n in sides for k in (64, 256)], float)
+    us = 2.0 + coords[:, 0] * coords[:, 1] * coords[:, 2] / 2e5
+    return coords, us
+
+
+def test_a_smooth_surface_flags_nothing_and_a_slow_cell_is_flagged():
+    coords, us = _lattice()
+    groups = ["mm"] * len(us)
+    assert not sp.off_surface(groups, coords, us).any()
+    slow = us.copy()
+    slow[21] *= 1.6  # timed in a spell through both visits
+    flagged = sp.off_surface(groups, coords, slow)
+    # a neighbour may be flagged with it (its plane now leans on the slow cell): a timing lost
+    assert flagged[21] and flagged.sum() <= 2
+    fast = us.copy()
+    fast[21] /= 1.6  # a quicker cell is the machine's time, never re-timed for it
+    assert not sp.off_surface(groups, coords, fast)[21]
+
+
+def test_held_out_rows_and_small_groups_are_never_flagged():
+    coords, us = _lattice()
+    us = us.copy()
+    us[5] *= 3.0
+    groups = [None if i == 5 else "mm" for i in range(len(us))]
+    assert not sp.off_surface(groups, coords, us)[5]
+    few = sp.off_surface(["a"] * 4, coords[:4], us[:4] * np.array([1, 9, 1, 1]))
+    assert not few.any()
+
+
+@pytest.mark.parametrize("bad", [np.nan, 0.0, -1.0])
+def test_bad_times_or_coordinates_are_refused(bad):
+    coords, us = _lattice()
+    us = us.copy()
+    us[0] = bad
+    with pytest.raises(ValueError, match="positive, finite"):
+        sp.off_surface(["g"] * len(us), coords, us)
+    with pytest.raises(ValueError, match="coords must be"):
+        sp.off_surface(["g"] * 3, coords[:2], np.ones(3))
+
+
+def test_suspect_rows_are_timed_again_and_only_a_quicker_unstalled_timing_replaces_them(monkeypatch):
+    coords, us = _lattice()
+    slow = us.copy()
+    for i in (3, 21, 30):
+        slow[i] *= 1.8
+    rows = [{"median_us": float(t), "cv": 0.01, "first_us": float(t), "visits": 2} for t in slow]
+    # row 3 re-times at the surface; row 21 re-times slower still; row 30's re-timing stalls
+    again = {3: (float(us[3]), 2.0), 21: (float(slow[21]) * 1.1, 2.0), 30: (float(us[30]), 0.1)}
+    timed = []
+    flagged = set(np.flatnonzero(sp.off_surface(["mm"] * len(rows), coords, slow)))
+    assert {3, 21, 30} <= flagged and len(flagged) <= 6  # a false alarm re-times at its own time
+
+    def fake_measure(fn, spec, device, l2_bytes=0):
+        i = fn()
+        timed.append(i)
+        t, util = again.get(i, (rows[i]["median_us"], 2.0))
+        return Measurement(np.full(3, t), cpu_util=util)
+
+    monkeypatch.setattr(sp, "measure", fake_measure)
+    makers = [lambda i=i: (lambda: i) for i in range(len(rows))]
+    said = []
+    groups = ["mm"] * len(rows)
+    assert sp.revisit_suspects(rows, makers, SPEC, "cpu", groups, coords, log=said.append) == 1
+    assert sorted(timed) == sorted(flagged)
+    assert rows[3]["median_us"] == pytest.approx(us[3]) and rows[3]["first_us"] == slow[3]
+    assert rows[21]["median_us"] == slow[21] and rows[30]["median_us"] == slow[30]
+    assert [i for i, r in enumerate(rows) if r["suspect"]] == sorted(flagged)
+    assert said == [f"{len(flagged)} rows more than {sp.SUSPECT_RATIO:g}x over their {sp.NEIGHBOURS} nearest neighbours' "
+                    "surface timed once more: quicker for 1"]
+
+
+def test_a_gpu_times_nothing_again(monkeypatch):
+    coords, us = _lattice()
+    rows = [{"median_us": float(t)} for t in us * np.where(np.arange(len(us)) == 7, 3.0, 1.0)]
+    monkeypatch.setattr(sp, "measure", lambda *a, **k: pytest.fail("a GPU row is not re-timed"))
+    assert sp.revisit_suspects(rows, [], SPEC, "cuda:0", ["mm"] * len(rows), coords) == 0
+    assert all("suspect" not in r for r in rows)
+
+
+def test_the_utility_sweep_marks_its_training_rows(monkeypatch):
+    """The utility sweep at the tiny profile's sizes with two visits: every training row says
+    whether it was timed a third time, no held-out row does."""
+    from dataclasses import replace
+
+    from pipeline.device.discover import identify
+    from pipeline.sweeps import utility
+    from pipeline.sweeps.profiles import get_profile
+
+    prof = replace(get_profile("tiny"), visits=2)
+    said = []
+    rows = utility.sweep_utility(identify("cpu"), prof, log=said.append)
+    train = [r for r in rows if not r["held_out"]]
+    assert train and all(isinstance(r["suspect"], bool) for r in train)
+    assert all("suspect" not in r for r in rows if r["held_out"])
+    flagged = sum(r["suspect"] for r in train)
+    assert flagged == 0 or any(f"{flagged} rows more than" in m for m in said)

@@ -123,6 +123,15 @@ def test_measure_training_step_tiny():
     assert m.reps == 3 and bool((m.times_us > 0).all())
 
 
+def test_what_if_measure_times_training_steps_in_blocks_the_quickest_kept():
+    from pipeline.workloads.dlrm_run import measure_training_blocks
+
+    kept, medians = measure_training_blocks(SPEC, 4, warmup=1, reps=3)
+    assert len(medians) in (2, 3) and kept.reps == 3 and kept.median_us == min(medians)
+    with pytest.raises(BadShapeError, match="batch=0"):
+        measure_training_blocks(SPEC, 0)
+
+
 def test_full_configs_build_on_meta():
     """Table III sizes without memory: the top MLP input matches dlrm's ln_top[0] (479 for MLPerf)."""
     for spec, width in zip(FULL_CONFIGS, (100, 479, 164)):

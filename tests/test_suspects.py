@@ -78,8 +78,47 @@ def test_suspect_rows_are_timed_again_and_only_a_quicker_unstalled_timing_replac
     assert rows[3]["median_us"] == pytest.approx(us[3]) and rows[3]["first_us"] == slow[3]
     assert rows[21]["median_us"] == slow[21] and rows[30]["median_us"] == slow[30]
     assert [i for i, r in enumerate(rows) if r["suspect"]] == sorted(flagged)
-    assert said == [f"{len(flagged)} rows more than {sp.SUSPECT_RATIO:g}x over their {sp.NEIGHBOURS} nearest neighbours' "
-                    "surface timed once more: quicker for 1"]
+    assert said == [f"{len(flagged)} rows timed once more ({len(flagged)} more than {sp.SUSPECT_RATIO:g}x over their "
+                    f"{sp.NEIGHBOURS} nearest neighbours' surface, 0 timed in a slow spell of the probe): quicker for 1; "
+                    "0 s waited for the probe's usual time"]
+
+
+def test_rows_timed_in_a_spell_are_timed_again_held_out_ones_too(monkeypatch):
+    """The probe test reads no row's own time: a held-out row whose probe read slow is re-timed,
+    after the probe has read its usual time again."""
+    n = 40
+    rows = [{"median_us": 50.0, "cv": 0.01, "probe_us": 23.0} for _ in range(n)]
+    rows[4]["probe_us"] = rows[9]["probe_us"] = 40.0  # both ran in a spell; row 9 is held out
+    readings = iter([40.0, 23.0, 23.0])  # the first wait sees the spell once, then its end
+    monkeypatch.setattr(sp, "probe_us", lambda: next(readings, 23.0))
+    monkeypatch.setattr(sp.time, "sleep", lambda s: None)
+    monkeypatch.setattr(sp, "measure", lambda fn, spec, device, l2_bytes=0: Measurement(np.full(3, 30.0 + fn()),
+                                                                                           cpu_util=2.0))
+    makers = [lambda i=i: (lambda: i) for i in range(n)]
+    groups = [None if i == 9 else "g" for i in range(n)]
+    coords = np.array([(i + 1, 1) for i in range(n)], float)
+    rows_median = [r["median_us"] for r in rows]
+    assert sp.revisit_suspects(rows, makers, SPEC, "cpu", groups, coords) == 2
+    assert [i for i, r in enumerate(rows) if r["suspect"]] == [4, 9]
+    assert rows[4]["median_us"] == 34.0 and rows[9]["median_us"] == 39.0
+    assert [r["median_us"] for i, r in enumerate(rows) if i not in (4, 9)] == [m for i, m in enumerate(rows_median)
+                                                                            if i not in (4, 9)]
+
+
+def test_in_spell_needs_enough_readings_and_flags_only_slow_ones():
+    from pipeline.harness.spells import MIN_READINGS, SPELL_RATIO, in_spell
+
+    calm = np.full(MIN_READINGS, 20.0)
+    assert not in_spell(calm).any() and not in_spell(calm[:-1] * np.r_[1.0, [9.0] * (MIN_READINGS - 2)]).any()
+    got = in_spell(np.r_[calm, 20.0 * SPELL_RATIO * 1.01, 20.0 * SPELL_RATIO * 0.99, np.nan])
+    assert got.tolist() == [False] * MIN_READINGS + [True, False, False]
+
+
+def test_a_cpu_measurement_carries_its_probe_reading():
+    from pipeline.harness.timer import measure
+
+    m = measure(lambda: sum(range(100)), SPEC, "cpu")
+    assert m.probe_us > 0 and m.row()["probe_us"] == m.probe_us
 
 
 def test_a_gpu_times_nothing_again(monkeypatch):
@@ -91,8 +130,8 @@ def test_a_gpu_times_nothing_again(monkeypatch):
 
 
 def test_the_utility_sweep_marks_its_training_rows(monkeypatch):
-    """The utility sweep at the tiny profile's sizes with two visits: every training row says
-    whether it was timed a third time, no held-out row does."""
+    """The utility sweep at the tiny profile's sizes with two visits: every row carries its probe
+    reading and says whether it was timed a third time."""
     from dataclasses import replace
 
     from pipeline.device.discover import identify
@@ -102,8 +141,6 @@ def test_the_utility_sweep_marks_its_training_rows(monkeypatch):
     prof = replace(get_profile("tiny"), visits=2)
     said = []
     rows = utility.sweep_utility(identify("cpu"), prof, log=said.append)
-    train = [r for r in rows if not r["held_out"]]
-    assert train and all(isinstance(r["suspect"], bool) for r in train)
-    assert all("suspect" not in r for r in rows if r["held_out"])
-    flagged = sum(r["suspect"] for r in train)
-    assert flagged == 0 or any(f"{flagged} rows more than" in m for m in said)
+    assert rows and all(isinstance(r["suspect"], bool) and r["probe_us"] > 0 for r in rows)
+    flagged = sum(r["suspect"] for r in rows)
+    assert flagged == 0 or any(m.startswith(f"{flagged} rows timed once more (") for m in said)

@@ -51,9 +51,7 @@ def predict_captured(args) -> int:
     if args.measure:
         m, medians = pc.measure_call(model, inputs)
         err = (out["e2e_us"] - m.median_us) / m.median_us
-        blocks = " / ".join(f"{v / 1e3:.2f}" for v in medians)
-        print(f"measured {m.median_us / 1e3:.2f} ms here (the quickest of {len(medians)} blocks of 5 warm-up "
-              f"and 25 runs, medians {blocks} ms): error {err:+.1%}")
+        print(f"measured {m.median_us / 1e3:.2f} ms here ({_blocks_said(medians)}): error {err:+.1%}")
     say_fallbacks()
     return 0
 
@@ -169,9 +167,11 @@ def cmd_what_if(args) -> int:
         show(f"  check: the graph captured at batch={args.new_batch}", g2, s2, c2, st=t2,
              freed=gp.output_free_us(gp.returned_of(captured), free))
     if args.measure:
-        m = _measure_what_if(args.config, args.batch if args.new_batch is None else args.new_batch, args.fuse_embeddings)
+        m, medians = _measure_what_if(args.config, args.batch if args.new_batch is None else args.new_batch,
+                                      args.fuse_embeddings)
         best = got.get("e2e_shared", got["kernel_only"])
-        print(f"measured here: {m.median_us / 1e3:.2f} ms (e2e_shared error {(best - m.median_us) / m.median_us:+.1%})")
+        print(f"measured here: {m.median_us / 1e3:.2f} ms ({_blocks_said(medians)}): "
+              f"e2e_shared error {(best - m.median_us) / m.median_us:+.1%}")
     return 0
 
 
@@ -227,11 +227,17 @@ def _load_model(device: str, name: str):
 def _measure_what_if(config: str, batch: int, batched: bool):
     from pipeline.core.errors import BadShapeError
     from pipeline.workloads import dlrm
-    from pipeline.workloads.dlrm_run import measure_training_step
+    from pipeline.workloads.dlrm_run import measure_training_blocks
 
     specs = {s.name: s for sets in dlrm.CONFIG_SETS.values() for s in sets}
     if config not in specs:
         raise BadShapeError(f"--measure runs DLRM configs only ({sorted(specs)}); got {config!r}")
-    return measure_training_step(specs[config], batch, batched=batched)
+    return measure_training_blocks(specs[config], batch, batched=batched)
+
+
+def _blocks_said(medians: list[float]) -> str:
+    """How a --measure was timed, for the line that prints it."""
+    return (f"the quickest of {len(medians)} blocks of 5 warm-up and 25 runs, medians "
+            + " / ".join(f"{v / 1e3:.2f}" for v in medians) + " ms")
 
 

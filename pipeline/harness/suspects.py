@@ -1,4 +1,4 @@
-"""Rows off their neighbours' surface timed once more: a spell that lasted through both visits.
+"""Rows timed once more at a sweep's end: off their neighbours' surface, or timed in a spell.
 
 Two visits a shuffled pass apart (revisit.py) leave a point slow only when both land in a slow
 spell, which is rare when spells are short and common when the machine is slow for a good part
@@ -17,15 +17,19 @@ other take timed > 1.25x quicker; on the utility grids 9-12 %, holding 30 of 53 
 A row flagged for a real feature (a kernel switch, a slow band) is only timed again and keeps
 its time: a false alarm costs a timing, never accuracy. The test reads the row's own time, so
 it is for the training grids only: a held-out row re-timed only when slow would be scored with
-a bias toward the model.
+a bias toward the model. Rows whose probe reading (spells.py) says they ran in a slow spell are
+timed again too, held-out ones included: that test does not read the row's own time.
 """
 from __future__ import annotations
 
+import time
+from contextlib import nullcontext
 from typing import Callable, ContextManager, Hashable, Sequence
 
 import numpy as np
 
 from pipeline.harness.order import interleaved
+from pipeline.harness.spells import SPELL_RATIO, USUAL_QUANTILE, in_spell, probe_us
 from pipeline.harness.timer import TimingSpec, measure
 
 NEIGHBOURS = 6  # the rows whose plane a row is held against
@@ -67,31 +71,54 @@ def off_surface(groups: Sequence[Hashable | None], coords: np.ndarray, us: np.nd
 
 
 def revisit_suspects(rows: list[dict], makers: list[Callable[[], Callable[[], object]]], spec: TimingSpec,
-                     device: str, groups: Sequence[Hashable | None], coords: np.ndarray, l2_bytes: int = 0,
+                     device: str, groups: Sequence[Hashable | None], coords: np.ndarray | None, l2_bytes: int = 0,
                      log=None, within: Callable[[int], ContextManager] | None = None) -> int:
-    """Time the rows off their group's surface (off_surface on their `median_us`) once more, in a
-    shuffled order, and keep, in place, the quicker timing (a stalled one never replaces a row);
-    every row of a group gets `suspect` (whether it was timed again). CPU only, as revisit is.
-    Returns how many rows the extra timing replaced."""
+    """Time once more, in a shuffled order, the rows off their group's surface (off_surface on
+    their `median_us`; rows of group None, the held-out ones, and every row without `coords`, are
+    not tested) and the rows whose
+    probe reading says they ran in a slow spell (spells.in_spell on `probe_us`: it does not read
+    the row's own time, so held-out rows are tested too), and keep, in place, the quicker timing
+    (a stalled one never replaces a row). Each re-timing waits, a few seconds at most, for the
+    probe to read its usual time. Every row gets `suspect` (whether it was timed again). CPU only,
+    as revisit is. Returns how many rows the extra timing replaced."""
     if device.startswith("cuda") or not rows:
         return 0
-    flagged = off_surface(groups, coords, [r["median_us"] for r in rows])
-    for r, g, f in zip(rows, groups, flagged):
-        if g is not None:
-            r["suspect"] = bool(f)
-    todo = np.flatnonzero(flagged)
-    replaced = 0
+    surface = off_surface(groups, coords, [r["median_us"] for r in rows]) if coords is not None \
+        else np.zeros(len(rows), bool)
+    readings = np.array([r.get("probe_us", np.nan) for r in rows], float)
+    spell = in_spell(readings)
+    for r, f in zip(rows, surface | spell):
+        r["suspect"] = bool(f)
+    todo = np.flatnonzero(surface | spell)
+    if not todo.size:
+        return 0
+    usual = float(np.nanquantile(readings, USUAL_QUANTILE)) if spell.any() else None
+    waited, replaced = 0.0, 0
     for k in interleaved(todo.size, seed=SUSPECT_SEED):
         i = int(todo[k])
-        if within is not None:
-            with within(i):
-                meas = measure(makers[i](), spec, device, l2_bytes)
-        else:
+        if usual is not None and waited < MAX_WAIT_S:
+            waited += _wait_for_usual(usual, MAX_WAIT_S - waited)
+        with (within(i) if within is not None else nullcontext()):
             meas = measure(makers[i](), spec, device, l2_bytes)
         if not meas.stalled and meas.median_us < rows[i]["median_us"]:
             rows[i].update(meas.row(spec.cv_threshold))  # first_us, visits and suspect stay
             replaced += 1
-    if log and todo.size:
-        log(f"{todo.size} rows more than {SUSPECT_RATIO:g}x over their {NEIGHBOURS} nearest neighbours' surface "
-            f"timed once more: quicker for {replaced}")
+    if log:
+        log(f"{todo.size} rows timed once more ({int(surface.sum())} more than {SUSPECT_RATIO:g}x over their "
+            f"{NEIGHBOURS} nearest neighbours' surface, {int(spell.sum())} timed in a slow spell of the probe): "
+            f"quicker for {replaced}; {waited:.0f} s waited for the probe's usual time")
     return replaced
+
+
+MAX_WAIT_S = 30.0  # a sweep's extra visit waits at most this long in all for a spell to pass
+WAIT_STEP_S = 0.25
+
+
+def _wait_for_usual(usual: float, budget_s: float) -> float:
+    """Probe until a reading is within SPELL_RATIO of `usual` or `budget_s` (at most 3 s) ran out;
+    the seconds waited."""
+    t0 = time.monotonic()
+    limit = min(budget_s, 3.0)
+    while probe_us() > SPELL_RATIO * usual and time.monotonic() - t0 < limit:
+        time.sleep(WAIT_STEP_S)
+    return time.monotonic() - t0

@@ -138,7 +138,21 @@ def train_step(model: DLRM, batch: DLRMBatch) -> torch.Tensor:
 def measure_training_step(spec: DLRMSpec, batch: int, device: str = "cpu", warmup: int = 5, reps: int = 25,
                           batched: bool = False) -> Measurement:
     """Per-batch training time: one build, one fixed batch, PM2Lat's 5 warm-up / 25 timed steps."""
-    check_batch(spec, batch)
-    model = build_dlrm(spec, device, batched=batched)
-    inputs = make_batch(spec, batch, device)
+    model, inputs = _built(spec, batch, device, batched)
     return measure_step(lambda: train_step(model, inputs), TimingSpec.fixed(warmup, reps), device)
+
+
+def measure_training_blocks(spec: DLRMSpec, batch: int, batched: bool = False, warmup: int = 5,
+                            reps: int = 25) -> tuple[Measurement, list[float]]:
+    """A one-off measurement on the CPU (`what-if --measure`): the same steps in blocks, the
+    quickest kept (harness/stalls.quickest_block). Returns (the kept Measurement, every block's
+    median in µs)."""
+    from pipeline.harness.stalls import quickest_block
+
+    model, inputs = _built(spec, batch, "cpu", batched)
+    return quickest_block(lambda: train_step(model, inputs), TimingSpec.fixed(warmup, reps))
+
+
+def _built(spec: DLRMSpec, batch: int, device: str, batched: bool) -> tuple[DLRM, DLRMBatch]:
+    check_batch(spec, batch)
+    return build_dlrm(spec, device, batched=batched), make_batch(spec, batch, device)

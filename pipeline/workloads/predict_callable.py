@@ -266,29 +266,15 @@ def call_factory(spec: str, factory) -> tuple:
     raise BadConfigError(f"--module {spec!r}: the factory returned {what}; expected (module_or_callable, inputs)")
 
 
-MEASURE_BLOCKS = 2  # timed blocks of a --measure; a third when they disagree
-
-
-def measure_call(fn_or_module, inputs, warmup: int = 5, reps: int = 25, blocks: int = MEASURE_BLOCKS):
-    """The real latency here, PM2Lat's protocol (5 warm-up, 25 timed, median), without profiling,
-    in `blocks` blocks one after the other, plus one more when they differ by more than their
-    spread explains (harness/stalls.passes_disagree); the block with the quicker median is kept,
-    as the workload sweep keeps a step's quicker pass. On the model-85 Xeon VM one block of
-    Qwen3-0.6B read 1101, 1572 and 1300 ms within six minutes (2026-11-27 16:20-16:25).
+def measure_call(fn_or_module, inputs, warmup: int = 5, reps: int = 25, blocks: int | None = None):
+    """The real latency here, PM2Lat's protocol (5 warm-up, 25 timed, median), without profiling
+    or autograd, in blocks (harness/stalls.quickest_block, MEASURE_BLOCKS unless given).
     Returns (the kept Measurement, every block's median in µs, in order)."""
     import torch
 
-    from pipeline.harness.stalls import passes_disagree
-    from pipeline.harness.timer import TimingSpec, measure_step
+    from pipeline.harness.stalls import MEASURE_BLOCKS, quickest_block
+    from pipeline.harness.timer import TimingSpec
 
-    if isinstance(blocks, bool) or not isinstance(blocks, int) or blocks < 1:
-        raise ValueError(f"blocks={blocks!r} must be an integer >= 1")
     fn = _call(fn_or_module, inputs)
-    timed = []
     with torch.inference_mode():
-        for _ in range(blocks):
-            timed.append(measure_step(fn, TimingSpec.fixed(warmup, reps)))
-        kept = min(timed, key=lambda m: m.median_us)
-        if blocks > 1 and passes_disagree([m.median_us for m in timed], kept.cv):
-            timed.append(measure_step(fn, TimingSpec.fixed(warmup, reps)))
-    return min(timed, key=lambda m: m.median_us), [m.median_us for m in timed]
+        return quickest_block(fn, TimingSpec.fixed(warmup, reps), blocks=MEASURE_BLOCKS if blocks is None else blocks)

@@ -1,0 +1,66 @@
+"""Whether a CPU timing ran in a slow spell: a tiny fixed GEMM timed just before and just after.
+
+A shared VM slows down in spells that no reading inside the guest shows: on the model-85 Xeon
+VM (2026-11-27 18:23) a 256 x 1024 x 1024 mm ran 2.4-2.7 ms for a minute, then 3.7-3.9 ms for
+26 s, then 2.4-2.6 ms again, with no steal time, no runnable process and no page fault to tell
+(another guest on the core's sibling, or the host's clocks). A probe can: over four minutes of
+short spells (18:25-18:29), 4 x 3235 timings of four ops (mm 256 x 1024 x 1024, mm 64 x 64 x 64,
+a 512 x 4096 gelu and add), each between two readings of this probe, the slower reading more
+than 1.2x the probe's usual (lower-quartile) time flagged 27-31 % of the timings and held 73-94 %
+of those that read more than 1.2x the op's usual time; among the rest 1-10 % read slow, against
+12-27 % overall. The probe costs ~0.5 ms a timing.
+
+`measure` (timer.py) takes a reading before and after each CPU timing and the row keeps the
+slower (`probe_us`); at the end of a sweep, rows whose reading is SPELL_RATIO over the sweep's
+lower quartile are timed again (suspects.py). The decision waits for the whole sweep's readings:
+a usual time taken from the first few would be a spell's if the sweep began in one.
+"""
+from __future__ import annotations
+
+import math
+import statistics
+import time
+
+import numpy as np
+
+PROBE_SIDE = 128  # float32 mm with its output kept: ~23 us on the model-85 Xeon VM, no page faults
+PROBE_REPS = 9
+SPELL_RATIO = 1.2  # a reading this many times the sweep's lower quartile was taken in a spell
+USUAL_QUANTILE = 0.25  # the probe's usual time: the lower quartile of a sweep's readings
+MIN_READINGS = 20  # fewer rows with readings than this: no usual time, nothing flagged
+
+_operands = None
+
+
+def probe_us() -> float:
+    """The median µs of PROBE_REPS runs of the probe GEMM, now (CPU)."""
+    global _operands
+    import torch
+
+    if _operands is None:
+        g = torch.Generator().manual_seed(0)
+        a, b = (torch.randn(PROBE_SIDE, PROBE_SIDE, generator=g) for _ in range(2))
+        _operands = (a, b, torch.empty(PROBE_SIDE, PROBE_SIDE))
+    a, b, out = _operands
+    torch.mm(a, b, out=out)
+    times = []
+    for _ in range(PROBE_REPS):
+        t0 = time.perf_counter_ns()
+        torch.mm(a, b, out=out)
+        times.append((time.perf_counter_ns() - t0) / 1e3)
+    return float(statistics.median(times))
+
+
+def in_spell(readings) -> np.ndarray:
+    """Which rows' probe readings (`probe_us`, NaN where none) are SPELL_RATIO over the lower
+    quartile of all of them; none without MIN_READINGS readings."""
+    r = np.asarray(readings, float)
+    have = np.isfinite(r) & (r > 0)
+    if have.sum() < MIN_READINGS:
+        return np.zeros(r.size, bool)
+    usual = float(np.quantile(r[have], USUAL_QUANTILE))
+    return have & (r > SPELL_RATIO * usual)
+
+
+def slower(before: float, after: float) -> float:
+    return max(before, after) if math.isfinite(before) and math.isfinite(after) else float("nan")

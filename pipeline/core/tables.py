@@ -89,7 +89,7 @@ CONTRACT: dict[str, Table] = {
                             "cv": "float", "reps": "int", **KEY},
                            {"n_layer": "int", "n_embd": "int", "n_head": "int", "vocab_size": "int",
                             "canary_us": "float", "faults_per_step": "float", "passes": "int",
-                            "pass_spread": "float"},
+                            "pass_spread": "float", "probe_us": "float"},
                            {"measured_ms": ">0", "p20_ms": ">0", "p80_ms": ">0"}),
     "opencl_launches": Table(
         {"kernel_id": "str", "source_hash": "str", "suite": "str", "family": "str", "kernel_name": "str",

@@ -19,8 +19,11 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from pipeline.device.discover import DeviceIdentity
 from pipeline.harness.progress import Progress
+from pipeline.harness.spells import in_spell, probe_us, slower
 from pipeline.harness.stalls import passes_disagree
 from pipeline.harness.timer import Measurement
 from pipeline.sweeps.catalog import WorkloadEntry, workload_entries
@@ -34,10 +37,14 @@ def sweep_workloads(dev: DeviceIdentity, profile: Profile, log=None, dtype: str 
     prog = Progress("workload_runs", len(todo) * passes, log)
     kept: list[Measurement | None] = [None] * len(todo)
     medians: list[list[float]] = [[] for _ in todo]
+    cpu = dev.kind == "cpu"
 
     def timed(i: int, what: str) -> None:
         e = todo[i]
+        before = probe_us() if cpu else float("nan")
         m = _measure(dev, profile, e, dtype)
+        if cpu:  # in this process, around the step's own: the machine's state while it ran
+            m.probe_us = slower(before, probe_us())
         medians[i].append(m.median_us)
         if kept[i] is None or m.median_us < kept[i].median_us:
             kept[i] = m
@@ -50,12 +57,17 @@ def sweep_workloads(dev: DeviceIdentity, profile: Profile, log=None, dtype: str 
             timed(i, f" (pass {p + 1}/{passes})" if passes > 1 else "")
     # passes further apart than a step's own spread explains: at least one ran in a spell, and
     # maybe both; one more timing, as the kernel sweeps re-measure a disturbed row
-    again = [i for i in range(len(todo)) if passes > 1 and passes_disagree(medians[i], kept[i].cv)]
+    # or kept a timing the probe says ran in a slow spell (harness/spells.py): both passes can
+    # land in one (2026-11-27 18:13, every DLRM step 1.5x its time re-measured at 18:30, passes
+    # 2-12 % apart)
+    spell = in_spell([m.probe_us for m in kept]) if passes > 1 else np.zeros(len(todo), bool)
+    again = [i for i in range(len(todo)) if passes > 1 and (passes_disagree(medians[i], kept[i].cv) or spell[i])]
     prog.total += len(again)
     for i in again:
-        timed(i, " (passes disagreed: timed again)")
+        timed(i, " (passes disagreed or ran in a spell: timed again)")
     if again:
-        prog.log(f"[workload_runs] {len(again)} steps whose passes disagreed beyond their spread timed once more")
+        prog.log(f"[workload_runs] {len(again)} steps whose passes disagreed beyond their spread, or whose quicker "
+                 f"pass ran in a slow spell ({int(spell.sum())}), timed once more")
     return [_row(e, m, meds, dtype) for e, m, meds in zip(todo, kept, medians)]
 
 
@@ -80,5 +92,6 @@ def _row(e: WorkloadEntry, m: Measurement, medians: list[float], dtype: str) -> 
     return {"workload": e.workload, "config": e.config, **extra, "batch": e.batch, "seq": e.seq,
             "mode": e.mode, "dtype": dtype, "measured_ms": m.median_us / 1e3, "p20_ms": m.p20_us / 1e3,
             "p80_ms": m.p80_us / 1e3, "cv": m.cv, "reps": m.reps, "passes": len(medians),
+            **({"probe_us": m.probe_us} if math.isfinite(m.probe_us) else {}),
             "pass_spread": max(medians) / min(medians) - 1.0,
             **({"faults_per_step": m.faults_per_call} if counted else {})}

@@ -144,3 +144,14 @@ def test_the_utility_sweep_marks_its_training_rows(monkeypatch):
     assert rows and all(isinstance(r["suspect"], bool) and r["probe_us"] > 0 for r in rows)
     flagged = sum(r["suspect"] for r in rows)
     assert flagged == 0 or any(m.startswith(f"{flagged} rows timed once more (") for m in said)
+
+
+def test_a_measure_in_a_spell_says_so_against_the_calibrations_probe():
+    from pipeline.harness.spells import MIN_READINGS, spell_note
+
+    calibration = [22.7] * MIN_READINGS + [34.0] * 5 + [float("nan")]
+    note = spell_note(35.0, calibration)
+    assert note is not None and "35.0 us around this timing against 22.7 us usual" in note and "1.54x" in note
+    assert spell_note(24.0, calibration) is None  # the machine's usual speed
+    assert spell_note(35.0, calibration[:MIN_READINGS - 1]) is None  # too few readings to say
+    assert spell_note(float("nan"), calibration) is None  # a GPU measurement: no probe

@@ -52,8 +52,25 @@ def predict_captured(args) -> int:
         m, medians = pc.measure_call(model, inputs)
         err = (out["e2e_us"] - m.median_us) / m.median_us
         print(f"measured {m.median_us / 1e3:.2f} ms here ({_blocks_said(medians)}): error {err:+.1%}")
+        _say_spell(args.device, m.probe_us)
     say_fallbacks()
     return 0
+
+
+def _say_spell(device: str, reading: float) -> None:
+    """Whether the spell probe read the machine slower during a --measure than during the
+    device's calibration (the GEMM sweep's readings; harness/spells.py)."""
+    from pipeline.harness.spells import spell_note
+
+    if device != local_slug(None):  # another machine's calibration: its probe is not this one's
+        return
+    try:
+        rows = warehouse().device_rows("gemm_samples", device)
+    except DevcharError:
+        return
+    note = spell_note(reading, rows["probe_us"] if "probe_us" in rows else [])
+    if note:
+        print(note)
 
 
 def _free_probe(device: str) -> dict:
@@ -172,6 +189,7 @@ def cmd_what_if(args) -> int:
         best = got.get("e2e_shared", got["kernel_only"])
         print(f"measured here: {m.median_us / 1e3:.2f} ms ({_blocks_said(medians)}): "
               f"e2e_shared error {(best - m.median_us) / m.median_us:+.1%}")
+        _say_spell(args.device, m.probe_us)
     return 0
 
 

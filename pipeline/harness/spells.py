@@ -64,3 +64,20 @@ def in_spell(readings) -> np.ndarray:
 
 def slower(before: float, after: float) -> float:
     return max(before, after) if math.isfinite(before) and math.isfinite(after) else float("nan")
+
+
+def spell_note(reading: float, calibration_readings) -> str | None:
+    """A line for a one-off measurement (`--measure`) whose probe reading is SPELL_RATIO over the
+    lower quartile of the calibration's (`probe_us` of its rows): the machine ran slower than
+    when it was calibrated, and an error of about that much is the machine's. None otherwise, or
+    without readings."""
+    r = np.asarray(calibration_readings, float)
+    r = r[np.isfinite(r) & (r > 0)]
+    if not math.isfinite(reading) or r.size < MIN_READINGS:
+        return None
+    usual = float(np.quantile(r, USUAL_QUANTILE))
+    if reading <= SPELL_RATIO * usual:
+        return None
+    return (f"the spell probe read {reading:.1f} us around this timing against {usual:.1f} us usual in the "
+            f"calibration ({reading / usual:.2f}x): the machine ran slower than when it was calibrated, and an "
+            "error of about that much is the machine's; measure again on a quieter machine")

@@ -127,7 +127,7 @@ def test_a_step_whose_passes_both_ran_in_a_spell_is_timed_again(monkeypatch):
 
     probes = iter([20.0, 20.0, 30.0, 30.0] + [20.0] * 4 + [20.0, 20.0, 30.0, 30.0] + [20.0] * 20)
     monkeypatch.setattr(isolated, "measure_in_child", fake_child)
-    monkeypatch.setattr(workload_runs, "probe_us", lambda: next(probes))
+    monkeypatch.setattr(spells, "probe_us", lambda: next(probes))
     monkeypatch.setattr(spells, "MIN_READINGS", 4)
     profile = replace(get_profile("tiny"), workloads_in_own_process=True, workload_passes=2)
     rows = workload_runs.sweep_workloads(identify("cpu"), profile)

@@ -55,11 +55,25 @@ def in_spell(readings) -> np.ndarray:
     """Which rows' probe readings (`probe_us`, NaN where none) are SPELL_RATIO over the lower
     quartile of all of them; none without MIN_READINGS readings."""
     r = np.asarray(readings, float)
-    have = np.isfinite(r) & (r > 0)
-    if have.sum() < MIN_READINGS:
+    usual = usual_us(r)
+    if usual is None:
         return np.zeros(r.size, bool)
-    usual = float(np.quantile(r[have], USUAL_QUANTILE))
-    return have & (r > SPELL_RATIO * usual)
+    return np.isfinite(r) & (r > SPELL_RATIO * usual)
+
+
+def usual_us(readings) -> float | None:
+    """The probe's usual time: the lower quartile of the finite, positive readings; None with
+    fewer than MIN_READINGS of them."""
+    r = np.asarray(readings, float)
+    r = r[np.isfinite(r) & (r > 0)]
+    return float(np.quantile(r, USUAL_QUANTILE)) if r.size >= MIN_READINGS else None
+
+
+def read_around(call):
+    """(call(), the slower of the probe's readings just before and after it)."""
+    before = probe_us()
+    got = call()
+    return got, slower(before, probe_us())
 
 
 def slower(before: float, after: float) -> float:
@@ -71,12 +85,8 @@ def spell_note(reading: float, calibration_readings) -> str | None:
     lower quartile of the calibration's (`probe_us` of its rows): the machine ran slower than
     when it was calibrated, and an error of about that much is the machine's. None otherwise, or
     without readings."""
-    r = np.asarray(calibration_readings, float)
-    r = r[np.isfinite(r) & (r > 0)]
-    if not math.isfinite(reading) or r.size < MIN_READINGS:
-        return None
-    usual = float(np.quantile(r, USUAL_QUANTILE))
-    if reading <= SPELL_RATIO * usual:
+    usual = usual_us(calibration_readings)
+    if not math.isfinite(reading) or usual is None or reading <= SPELL_RATIO * usual:
         return None
     return (f"the spell probe read {reading:.1f} us around this timing against {usual:.1f} us usual in the "
             f"calibration ({reading / usual:.2f}x): the machine ran slower than when it was calibrated, and an "

@@ -29,7 +29,7 @@ from typing import Callable, ContextManager, Hashable, Sequence
 import numpy as np
 
 from pipeline.harness.order import interleaved
-from pipeline.harness.spells import SPELL_RATIO, USUAL_QUANTILE, in_spell, probe_us
+from pipeline.harness.spells import SPELL_RATIO, in_spell, probe_us, usual_us
 from pipeline.harness.timer import TimingSpec, measure
 
 NEIGHBOURS = 6  # the rows whose plane a row is held against
@@ -92,7 +92,7 @@ def revisit_suspects(rows: list[dict], makers: list[Callable[[], Callable[[], ob
     todo = np.flatnonzero(surface | spell)
     if not todo.size:
         return 0
-    usual = float(np.nanquantile(readings, USUAL_QUANTILE)) if spell.any() else None
+    usual = usual_us(readings) if spell.any() else None
     waited, replaced = 0.0, 0
     for k in interleaved(todo.size, seed=SUSPECT_SEED):
         i = int(todo[k])

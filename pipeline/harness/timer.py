@@ -19,7 +19,7 @@ from typing import Callable
 import numpy as np
 
 from pipeline.harness.page_faults import minor_faults
-from pipeline.harness.spells import probe_us, slower
+from pipeline.harness.spells import read_around
 
 
 # Every time budget of a sweep (warm-up, timed repetitions, cold flushes, the wait for a quiet
@@ -258,17 +258,20 @@ def measure(fn: Callable[[], object], spec: TimingSpec, device: str = "cpu", l2_
     Of the two attempts the steadier one is kept; `Measurement.noisy` then says
     whether it is still above the threshold (the caller flags the row).
     """
-    cpu = not device.startswith("cuda")
-    before = probe_us() if cpu else float("nan")
-    first = measure_once(fn, spec, device, l2_bytes)
-    if first.noisy(spec.cv_threshold):
+    def attempts() -> Measurement:
+        first = measure_once(fn, spec, device, l2_bytes)
+        if not first.noisy(spec.cv_threshold):
+            return first
         warm = first.per_call_s if math.isfinite(first.per_call_s) else None
         second = measure_once(fn, spec, device, l2_bytes, warm_per_call_s=warm)
-        first = second if second.cv < first.cv else first
-        first.remeasured = True
-    if cpu:
-        first.probe_us = slower(before, probe_us())
-    return first
+        best = second if second.cv < first.cv else first
+        best.remeasured = True
+        return best
+
+    if device.startswith("cuda"):
+        return attempts()
+    best, best.probe_us = read_around(attempts)
+    return best
 
 
 def measure_step(fn: Callable[[], object], spec: TimingSpec, device: str = "cpu") -> Measurement:

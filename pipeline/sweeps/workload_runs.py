@@ -23,7 +23,7 @@ import numpy as np
 
 from pipeline.device.discover import DeviceIdentity
 from pipeline.harness.progress import Progress
-from pipeline.harness.spells import in_spell, probe_us, slower
+from pipeline.harness.spells import in_spell, read_around
 from pipeline.harness.stalls import passes_disagree
 from pipeline.harness.timer import Measurement
 from pipeline.sweeps.catalog import WorkloadEntry, workload_entries
@@ -41,10 +41,10 @@ def sweep_workloads(dev: DeviceIdentity, profile: Profile, log=None, dtype: str 
 
     def timed(i: int, what: str) -> None:
         e = todo[i]
-        before = probe_us() if cpu else float("nan")
-        m = _measure(dev, profile, e, dtype)
         if cpu:  # in this process, around the step's own: the machine's state while it ran
-            m.probe_us = slower(before, probe_us())
+            m, m.probe_us = read_around(lambda: _measure(dev, profile, e, dtype))
+        else:
+            m = _measure(dev, profile, e, dtype)
         medians[i].append(m.median_us)
         if kept[i] is None or m.median_us < kept[i].median_us:
             kept[i] = m

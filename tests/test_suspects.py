@@ -78,9 +78,10 @@ def test_suspect_rows_are_timed_again_and_only_a_quicker_unstalled_timing_replac
     assert rows[3]["median_us"] == pytest.approx(us[3]) and rows[3]["first_us"] == slow[3]
     assert rows[21]["median_us"] == slow[21] and rows[30]["median_us"] == slow[30]
     assert [i for i, r in enumerate(rows) if r["suspect"]] == sorted(flagged)
-    assert said == [f"{len(flagged)} rows timed once more ({len(flagged)} more than {sp.SUSPECT_RATIO:g}x over their "
-                    f"{sp.NEIGHBOURS} nearest neighbours' surface, 0 timed in a slow spell of the probe): quicker for 1; "
-                    "0 s waited for the probe's usual time"]
+    assert said == [f"{len(flagged)} rows timed once more: {len(flagged)} more than {sp.SUSPECT_RATIO:g}x over their "
+                    f"{sp.NEIGHBOURS} nearest neighbours' surface, quicker for 1; 0 of the 0 others timed in a slow spell "
+                    "of the probe, quicker for 0 (on a machine with no spells, 1 time in 3 after two visits); 0 s waited "
+                    "for the probe's usual time"]
 
 
 def test_rows_timed_in_a_spell_are_timed_again_held_out_ones_too(monkeypatch):
@@ -103,6 +104,41 @@ def test_rows_timed_in_a_spell_are_timed_again_held_out_ones_too(monkeypatch):
     assert rows[4]["median_us"] == 34.0 and rows[9]["median_us"] == 39.0
     assert [r["median_us"] for i, r in enumerate(rows) if i not in (4, 9)] == [m for i, m in enumerate(rows_median)
                                                                             if i not in (4, 9)]
+
+
+def _spell_rows(n_spell: int, n_calm: int = 100):
+    rows = [{"median_us": 50.0, "cv": 0.01, "probe_us": 23.0, "visits": 2} for _ in range(n_calm)]
+    rows += [{"median_us": 50.0, "cv": 0.01, "probe_us": 40.0, "visits": 2} for _ in range(n_spell)]
+    return rows, [lambda i=i: (lambda: i) for i in range(len(rows))]
+
+
+@pytest.mark.parametrize("quicker_every", [1, 3])
+def test_the_probe_is_judged_on_its_first_spell_rows(monkeypatch, quicker_every):
+    """Spell rows whose third timing beats the kept one no more often than chance (1 in 3 after two
+    visits) stop the probe's re-timings after SPELL_TRIAL of them; where it mostly does, every spell
+    row is timed again."""
+    rows, makers = _spell_rows(n_spell=2 * sp.SPELL_TRIAL)
+    timed = []
+
+    def fake_measure(fn, spec, device, l2_bytes=0):
+        timed.append(fn())
+        quick = len(timed) % quicker_every == 0  # every row, or one in three
+        return Measurement(np.full(3, 40.0 if quick else 60.0), cpu_util=2.0)
+
+    monkeypatch.setattr(sp, "measure", fake_measure)
+    monkeypatch.setattr(sp, "probe_us", lambda: 23.0)
+    said = []
+    replaced = sp.revisit_suspects(rows, makers, SPEC, "cpu", [None] * len(rows), None, log=said.append)
+    trusted = quicker_every == 1
+    assert len(timed) == (2 * sp.SPELL_TRIAL if trusted else sp.SPELL_TRIAL) and min(timed) >= 100
+    assert sum(r["suspect"] for r in rows) == len(timed) and replaced == len(timed) // quicker_every
+    assert ("it told nothing on this machine now, and its other 30 rows keep their timing" in said[0]) != trusted
+
+
+def test_probe_told_counts_one_visit_rows_as_an_even_chance():
+    assert sp.probe_told(20, [1 / 3] * 30) and not sp.probe_told(15, [1 / 3] * 30)
+    assert not sp.probe_told(20, [1 / 2] * 30)  # after one visit a second timing wins half the time
+    assert sp.probe_told(0, [])
 
 
 def test_in_spell_needs_enough_readings_and_flags_only_slow_ones():
@@ -143,7 +179,7 @@ def test_the_utility_sweep_marks_its_training_rows(monkeypatch):
     rows = utility.sweep_utility(identify("cpu"), prof, log=said.append)
     assert rows and all(isinstance(r["suspect"], bool) and r["probe_us"] > 0 for r in rows)
     flagged = sum(r["suspect"] for r in rows)
-    assert flagged == 0 or any(m.startswith(f"{flagged} rows timed once more (") for m in said)
+    assert flagged == 0 or any(m.startswith(f"{flagged} rows timed once more: ") for m in said)
 
 
 def test_a_measure_in_a_spell_says_so_against_the_calibrations_probe():

@@ -78,10 +78,10 @@ def test_suspect_rows_are_timed_again_and_only_a_quicker_unstalled_timing_replac
     assert rows[3]["median_us"] == pytest.approx(us[3]) and rows[3]["first_us"] == slow[3]
     assert rows[21]["median_us"] == slow[21] and rows[30]["median_us"] == slow[30]
     assert [i for i, r in enumerate(rows) if r["suspect"]] == sorted(flagged)
-    assert said == [f"{len(flagged)} rows timed once more: {len(flagged)} more than {sp.SUSPECT_RATIO:g}x over their "
-                    f"{sp.NEIGHBOURS} nearest neighbours' surface, quicker for 1; 0 of the 0 others timed in a slow spell "
-                    "of the probe, quicker for 0 (on a machine with no spells, 1 time in 3 after two visits); 0 s waited "
-                    "for the probe's usual time"]
+    assert said == [f"{len(flagged)} rows timed once more: {len(flagged)} of {len(flagged)} more than "
+                    f"{sp.SUSPECT_RATIO:g}x over their {sp.NEIGHBOURS} nearest neighbours' surface, quicker for 1; 0 of "
+                    "the 0 others timed in a slow spell of the probe, quicker for 0 (on a machine whose state never "
+                    "changed, 1 time in 3 after two visits); 0 s waited for the probe's usual time"]
 
 
 def test_rows_timed_in_a_spell_are_timed_again_held_out_ones_too(monkeypatch):
@@ -115,9 +115,9 @@ def _spell_rows(n_spell: int, n_calm: int = 100):
 @pytest.mark.parametrize("quicker_every", [1, 3])
 def test_the_probe_is_judged_on_its_first_spell_rows(monkeypatch, quicker_every):
     """Spell rows whose third timing beats the kept one no more often than chance (1 in 3 after two
-    visits) stop the probe's re-timings after SPELL_TRIAL of them; where it mostly does, every spell
+    visits) stop the probe's re-timings after TRIAL of them; where it mostly does, every spell
     row is timed again."""
-    rows, makers = _spell_rows(n_spell=2 * sp.SPELL_TRIAL)
+    rows, makers = _spell_rows(n_spell=2 * sp.TRIAL)
     timed = []
 
     def fake_measure(fn, spec, device, l2_bytes=0):
@@ -130,15 +130,40 @@ def test_the_probe_is_judged_on_its_first_spell_rows(monkeypatch, quicker_every)
     said = []
     replaced = sp.revisit_suspects(rows, makers, SPEC, "cpu", [None] * len(rows), None, log=said.append)
     trusted = quicker_every == 1
-    assert len(timed) == (2 * sp.SPELL_TRIAL if trusted else sp.SPELL_TRIAL) and min(timed) >= 100
+    assert len(timed) == (2 * sp.TRIAL if trusted else sp.TRIAL) and min(timed) >= 100
     assert sum(r["suspect"] for r in rows) == len(timed) and replaced == len(timed) // quicker_every
     assert ("it told nothing on this machine now, and its other 30 rows keep their timing" in said[0]) != trusted
 
 
-def test_probe_told_counts_one_visit_rows_as_an_even_chance():
-    assert sp.probe_told(20, [1 / 3] * 30) and not sp.probe_told(15, [1 / 3] * 30)
-    assert not sp.probe_told(20, [1 / 2] * 30)  # after one visit a second timing wins half the time
-    assert sp.probe_told(0, [])
+def test_beats_chance_counts_one_visit_rows_as_an_even_chance():
+    assert sp.beats_chance(20, [1 / 3] * 30) and not sp.beats_chance(15, [1 / 3] * 30)
+    assert not sp.beats_chance(20, [1 / 2] * 30)  # after one visit a second timing wins half the time
+    assert sp.beats_chance(0, [])
+
+
+def test_the_surface_test_is_judged_on_its_first_rows_too(monkeypatch):
+    """Off-surface rows whose third timing is never quicker (the surface's own features, not slow
+    timings): after TRIAL of them the rest keep their timing."""
+    sides = [2 ** i for i in range(2, 12)]
+    coords = np.array([(m, n, 64, 1) for m in sides for n in sides], float)
+    us = 2.0 + coords[:, 0] * coords[:, 1] / 100.0
+    bumpy = us * np.where(np.arange(len(us)) % 2 == 0, 1.0, 1.5)  # a checkerboard: half the rows off any plane
+    rows = [{"median_us": float(t), "cv": 0.01, "visits": 2} for t in bumpy]
+    flagged = int(sp.off_surface(["mm"] * len(rows), coords, bumpy).sum())
+    assert flagged > sp.TRIAL
+    timed = []
+
+    def same_again(fn, spec, device, l2_bytes=0):
+        timed.append(fn())
+        return Measurement(np.full(3, rows[timed[-1]]["median_us"] * 1.01), cpu_util=2.0)
+
+    monkeypatch.setattr(sp, "measure", same_again)
+    said = []
+    makers = [lambda i=i: (lambda: i) for i in range(len(rows))]
+    assert sp.revisit_suspects(rows, makers, SPEC, "cpu", ["mm"] * len(rows), coords, log=said.append) == 0
+    assert len(timed) == sp.TRIAL and sum(r["suspect"] for r in rows) == sp.TRIAL
+    assert (f"the surface test's rows beat that by too little (0 of the first {sp.TRIAL}): it told nothing on this "
+            f"machine now, and its other {flagged - sp.TRIAL} rows keep their timing") in said[0]
 
 
 def test_in_spell_needs_enough_readings_and_flags_only_slow_ones():

@@ -79,9 +79,9 @@ def revisit_suspects(rows: list[dict], makers: list[Callable[[], Callable[[], ob
     not tested) and the rows whose probe reading says they ran in a slow spell (spells.in_spell on
     `probe_us`: it does not read the row's own time, so held-out rows are tested too), and keep,
     in place, the quicker timing (a stalled one never replaces a row). Each spell row's re-timing
-    waits, a few seconds at most, for the probe to read its usual time. Once SPELL_TRIAL rows
-    flagged by the probe alone were timed again, the rest of them are left as timed unless the
-    extra timing beat theirs more often than chance (`probe_told`). Every row gets `suspect`
+    waits, a few seconds at most, for the probe to read its usual time. Once TRIAL rows a test
+    flagged were timed again, the rest of its rows are left as timed unless the extra timing beat
+    theirs more often than chance (`beats_chance`). Every row gets `suspect`
     (whether it was timed again). CPU only, as revisit is. Returns how many rows the extra timing
     replaced."""
     if device.startswith("cuda") or not rows:
@@ -98,12 +98,12 @@ def revisit_suspects(rows: list[dict], makers: list[Callable[[], Callable[[], ob
     usual = usual_us(readings) if spell.any() else None
     waited = 0.0
     tally = {"surface": [0, 0], "spell": [0, 0]}  # [timed again, quicker] per test
-    chance = []  # per spell row timed again: the chance a third timing of an unchanged machine is quicker
-    trusted = True
+    chance = {"surface": [], "spell": []}  # per row timed again: how often an unchanged machine's third timing wins
+    trusted = {"surface": True, "spell": True}
     for k in interleaved(todo.size, seed=SUSPECT_SEED):
         i = int(todo[k])
         which = "surface" if surface[i] else "spell"
-        if which == "spell" and not trusted:
+        if not trusted[which]:
             continue
         if which == "spell" and usual is not None and waited < MAX_WAIT_S:
             waited += _wait_for_usual(usual, MAX_WAIT_S - waited)
@@ -115,43 +115,47 @@ def revisit_suspects(rows: list[dict], makers: list[Callable[[], Callable[[], ob
             rows[i].update(meas.row(spec.cv_threshold))  # first_us, visits and suspect stay
         tally[which][0] += 1
         tally[which][1] += quicker
-        if which == "spell":
-            chance.append(1.0 / (int(rows[i].get("visits") or 1) + 1))
-            if len(chance) == SPELL_TRIAL:
-                trusted = probe_told(tally["spell"][1], chance)
+        chance[which].append(1.0 / (int(rows[i].get("visits") or 1) + 1))
+        if len(chance[which]) == TRIAL:
+            trusted[which] = beats_chance(tally[which][1], chance[which])
     if log:
-        log(_said(tally, int((spell & ~surface).sum()), trusted, waited))
+        log(_said(tally, {"surface": int(surface.sum()), "spell": int((spell & ~surface).sum())}, trusted, waited))
     return tally["surface"][1] + tally["spell"][1]
 
 
 # A third timing of a machine whose state did not change beats the better of the first two 1 time
 # in 3 (three exchangeable draws; after one visit, 1 in 2): what the extra visit of rows flagged
-# for no reason scores. The GEMM rows of both tests together were quicker on it for 309 of 993
-# on the model-85 Xeon VM (18:33, 2026-11-27) and 443 of 1265 on the EPYC VM (21:33), both near
-# chance, while the surface test's rows alone (17:43, before the probe) were quicker for 303 of
-# 444: there the probe's flags picked no slower rows than chance would.
-SPELL_TRIAL = 30  # rows flagged by the probe alone timed again before the probe is judged
+# for no reason scores. How often each test's rows beat it differs by machine and by day: the
+# surface test's alone were quicker for 303 of 444 on the model-85 Xeon VM (17:43, 2026-11-27)
+# but 87 of 413 on the EPYC VM (22:15: there its rows were mostly the surface's real features);
+# the probe's were quicker for 150 of 164 attention and 45 of 72 memory rows on the EPYC VM, and
+# for 15 of its first 30 GEMM rows (the GEMM rows of both tests, before the trial: 443 of 1265
+# there at 21:33, 309 of 993 on model-85 at 18:33). So each test earns its extra visits per sweep.
+TRIAL = 30  # rows of one test timed again before the test is judged
 TRIAL_Z = 2.0  # how many standard deviations over chance the trial must score (one-sided, ~2 %)
 
 
-def probe_told(quicker: int, chances) -> bool:
-    """Whether `quicker` of the re-timed spell rows beat their kept timing more often than on a
-    machine with no spells, where row i would be quicker with probability chances[i] (1 / (its
-    visits + 1)): more than that sum by TRIAL_Z standard deviations of it."""
+def beats_chance(quicker: int, chances) -> bool:
+    """Whether `quicker` of a test's re-timed rows beat their kept timing more often than on a
+    machine whose state never changed, where row i would be quicker with probability chances[i]
+    (1 / (its visits + 1)): more than that sum by TRIAL_Z standard deviations of it."""
     p = np.asarray(chances, float)
     if not p.size:
         return True
     return quicker > p.sum() + TRIAL_Z * math.sqrt(float((p * (1 - p)).sum()))
 
 
-def _said(tally: dict, n_spell: int, trusted: bool, waited: float) -> str:
+def _said(tally: dict, flagged: dict, trusted: dict, waited: float) -> str:
     (s_n, s_q), (p_n, p_q) = tally["surface"], tally["spell"]
-    text = (f"{s_n + p_n} rows timed once more: {s_n} more than {SUSPECT_RATIO:g}x over their {NEIGHBOURS} nearest "
-            f"neighbours' surface, quicker for {s_q}; {p_n} of the {n_spell} others timed in a slow spell of the "
-            f"probe, quicker for {p_q} (on a machine with no spells, 1 time in 3 after two visits)")
-    if not trusted:
-        text += (f"; the probe's rows beat that by too little ({p_q} of the first {SPELL_TRIAL}): it told nothing on "
-                 f"this machine now, and its other {n_spell - p_n} rows keep their timing")
+    text = (f"{s_n + p_n} rows timed once more: {s_n} of {flagged['surface']} more than {SUSPECT_RATIO:g}x over their "
+            f"{NEIGHBOURS} nearest neighbours' surface, quicker for {s_q}; {p_n} of the {flagged['spell']} others timed "
+            f"in a slow spell of the probe, quicker for {p_q} (on a machine whose state never changed, 1 time in 3 "
+            "after two visits)")
+    for which, name in (("surface", "the surface test's"), ("spell", "the probe's")):
+        if not trusted[which]:
+            q = tally[which][1]
+            text += (f"; {name} rows beat that by too little ({q} of the first {TRIAL}): it told nothing on this "
+                     f"machine now, and its other {flagged[which] - tally[which][0]} rows keep their timing")
     return text + f"; {waited:.0f} s waited for the probe's usual time"
 
 

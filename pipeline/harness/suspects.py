@@ -19,6 +19,8 @@ its time: a false alarm costs a timing, never accuracy. The test reads the row's
 it is for the training grids only: a held-out row re-timed only when slow would be scored with
 a bias toward the model. Rows whose probe reading (spells.py) says they ran in a slow spell are
 timed again too, held-out ones included: that test does not read the row's own time.
+Each test is judged on its first rows timed again: where they came back quicker no more often
+than on a machine whose state never changed, its other rows keep their timing (beats_chance).
 """
 from __future__ import annotations
 
@@ -127,7 +129,7 @@ def revisit_suspects(rows: list[dict], makers: list[Callable[[], Callable[[], ob
 # in 3 (three exchangeable draws; after one visit, 1 in 2): what the extra visit of rows flagged
 # for no reason scores. How often each test's rows beat it differs by machine and by day: the
 # surface test's alone were quicker for 303 of 444 on the model-85 Xeon VM (17:43, 2026-11-27)
-# but 87 of 413 on the EPYC VM (22:15: there its rows were mostly the surface's real features);
+# but 87 of 413 on the EPYC VM (the 22:06 run: there its rows were mostly the surface's real features);
 # the probe's were quicker for 150 of 164 attention and 45 of 72 memory rows on the EPYC VM, and
 # for 15 of its first 30 GEMM rows (the GEMM rows of both tests, before the trial: 443 of 1265
 # there at 21:33, 309 of 993 on model-85 at 18:33). So each test earns its extra visits per sweep.

@@ -99,8 +99,8 @@ def revisit_suspects(rows: list[dict], makers: list[Callable[[], Callable[[], ob
         return 0
     usual = usual_us(readings) if spell.any() else None
     waited = 0.0
-    tally = {"surface": [0, 0], "spell": [0, 0]}  # [timed again, quicker] per test
-    chance = {"surface": [], "spell": []}  # per row timed again: how often an unchanged machine's third timing wins
+    # per test, per row timed again: (was it quicker, how often an unchanged machine's would be)
+    outcomes: dict[str, list[tuple[bool, float]]] = {"surface": [], "spell": []}
     trusted = {"surface": True, "spell": True}
     for k in interleaved(todo.size, seed=SUSPECT_SEED):
         i = int(todo[k])
@@ -115,11 +115,11 @@ def revisit_suspects(rows: list[dict], makers: list[Callable[[], Callable[[], ob
         quicker = not meas.stalled and meas.median_us < rows[i]["median_us"]
         if quicker:
             rows[i].update(meas.row(spec.cv_threshold))  # first_us, visits and suspect stay
-        tally[which][0] += 1
-        tally[which][1] += quicker
-        chance[which].append(1.0 / (int(rows[i].get("visits") or 1) + 1))
-        if len(chance[which]) == TRIAL:
-            trusted[which] = beats_chance(tally[which][1], chance[which])
+        mine = outcomes[which]
+        mine.append((quicker, 1.0 / (int(rows[i].get("visits") or 1) + 1)))
+        if len(mine) == TRIAL:
+            trusted[which] = beats_chance(sum(q for q, _ in mine), [p for _, p in mine])
+    tally = {which: (len(got), sum(q for q, _ in got)) for which, got in outcomes.items()}  # timed again, quicker
     if log:
         log(_said(tally, {"surface": int(surface.sum()), "spell": int((spell & ~surface).sum())}, trusted, waited))
     return tally["surface"][1] + tally["spell"][1]

@@ -209,7 +209,7 @@ def test_probe_survives_a_slow_spell(monkeypatch):
 
 
 def test_the_cpu_sweep_measures_each_training_shape_once_and_has_an_aspect_grid(cpu):
-    from pipeline.sweeps.gemm import ASPECT_OPS, sweep_points
+    from pipeline.sweeps.gemm import ASPECT_OPS, BMM_ASPECT_BATCH, sweep_points
     from pipeline.sweeps.profiles import get_profile
 
     pts = sweep_points(cpu, get_profile("quick", "cpu"), {})
@@ -220,7 +220,8 @@ def test_the_cpu_sweep_measures_each_training_shape_once_and_has_an_aspect_grid(
     shape = {g: {t[1:] for t in train if t[0] == g} for g in ("waves", "aspect")}
     assert shape["aspect"] and not shape["aspect"] & shape["waves"]
     aspect = [p for p in pts if p.grid == "aspect"]
-    assert aspect and {p.op for p in aspect} == set(ASPECT_OPS) and all(p.batch == 1 for p in aspect)
+    assert aspect and {p.op for p in aspect} == {*ASPECT_OPS, "bmm"}
+    assert all(p.batch == (BMM_ASPECT_BATCH if p.op == "bmm" else 1) for p in aspect)
 
 
 def test_the_grids_flop_caps_reach_an_lm_heads_k_at_the_largest_outputs(cpu):

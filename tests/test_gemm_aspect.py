@@ -84,7 +84,6 @@ def test_the_cpu_sweep_has_unaligned_twins_of_the_aspect_cells(cpu):
     assert cells and cells <= twins_n and cells <= twins_k
     # the twins sit at the profile's twin K only, whatever other K the aspect grid has
     assert {p.k for p in pts if p.grid == "unaligned_n"} == {profile.gemm_twin_k} != set(profile.gemm_aspect_k)
-    assert not any(p.grid.startswith("unaligned") for p in pts if p.op == "bmm")
 
 
 def test_the_aspect_correction_follows_k(synthetic_gemm_model):
@@ -196,3 +195,43 @@ def test_the_twins_smoothing_ignores_the_rows_and_columns_of_two_that_have_no_tw
     np.testing.assert_allclose(got[np.ix_(keep, keep)], plain)
     assert np.allclose(got[1, keep], (plain[0] + plain[1]) / 2)  # M = 2: halfway in log2 between 1 and 4
     assert np.allclose(got[keep, 1], (plain[:, 0] + plain[:, 1]) / 2)
+
+
+def test_bmm_has_an_aspect_grid_of_its_own_at_one_batch_with_twins(cpu):
+    """bmm's cells are timed at one batch, up to the batch grid's largest side, with rows and
+    columns of two and unaligned twins as mm's, each point once."""
+    from pipeline.sweeps.gemm import BATCH_SIDES, BMM_ASPECT_BATCH, TWO, bmm_aspect_points
+    from pipeline.sweeps.profiles import get_profile
+
+    pts = bmm_aspect_points(cpu, get_profile("quick", "cpu"))
+    assert pts and all(p.op == "bmm" and p.batch == BMM_ASPECT_BATCH for p in pts)
+    cells = {(p.m, p.n) for p in pts if p.grid == "aspect"}
+    assert {(TWO, 64), (256, TWO), (1, 1024)} <= cells and max(max(c) for c in cells) == max(BATCH_SIDES)
+    assert {p.grid for p in pts} == {"aspect", "unaligned_n", "unaligned_k"}
+    assert len({(p.dtype, p.m, p.n, p.k, p.grid) for p in pts}) == len(pts)
+
+
+def test_bmm_aspect_rows_at_their_batch_correct_batched_skinny_shapes(synthetic_gemm_model):
+    """A made-up CPU where batched matrices with N = 2 run 8x the whole-wave table's time: bmm
+    aspect rows timed at batch 16 fit bmm's correction, which then prices N = 2 at another
+    batch 8x and leaves square matrices alone; mm's table is untouched by them."""
+    from pipeline.sweeps.gemm import BMM_ASPECT_BATCH
+
+    rows = pd.DataFrame([dict(op=op, dtype="float32", kernel="cpu", tile_m=8, tile_n=8, slots=2, batch=b,
+                              m=m, n=n, k=k, waves=w, median_us=(1 + k / 32) * w**0.8, held_out=False, grid="waves")
+                         for op, b in (("mm", 1), ("bmm", 8))
+                         for w, (m, n) in ((1, (8, 16)), (4, (16, 32)), (16, (32, 64)))
+                         for k in (32, 64, 128, 256)])
+    plain = GemmModel.fit(rows)
+    table = plain.table("bmm", "float32")
+    b = BMM_ASPECT_BATCH
+    cells = pd.DataFrame([dict(m=m, n=n, k=64) for m in (2, 4, 16, 64) for n in (2, 4, 16, 64)])
+    base = table.predict_us(cells["m"], cells["n"], cells["k"], b)
+    aspect = rows.iloc[:1].drop(columns=["m", "n", "k", "waves", "median_us", "batch"]).merge(cells, how="cross").assign(
+        op="bmm", batch=b, waves=1, grid="aspect", median_us=base * np.where(cells["n"] == 2, 8.0, 1.0))
+    fitted = GemmModel.fit(pd.concat([rows, aspect], ignore_index=True))
+    skinny = dict(m=np.array([64]), n=np.array([2]), k=np.array([64]), batch=np.array([4]))
+    square = {**skinny, "n": np.array([64])}
+    assert fitted.predict("bmm", "float32", **skinny) == pytest.approx(8 * plain.predict("bmm", "float32", **skinny))
+    assert fitted.predict("bmm", "float32", **square) == pytest.approx(plain.predict("bmm", "float32", **square))
+    assert fitted.predict("mm", "float32", **skinny) == pytest.approx(plain.predict("mm", "float32", **skinny))

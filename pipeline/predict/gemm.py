@@ -149,7 +149,8 @@ class GemmTable(DataclassJSON):
             grid = grid.reindex(index=ms, columns=ns)
             # a cell the FLOP cap skipped holds its row's nearest measured N (the rows' effect
             # is what varies most: few rows spread the packing of B over little work)
-            one_wave = float(self.tile_m * self.tile_n * self.slots)
+            # (per matrix: bmm's grid is timed at a batch of its own, sweeps/gemm.py)
+            one_wave = float(self.tile_m * self.tile_n * self.slots) / float(rows["batch"].median())
             slices.append(pd.DataFrame(relative_to_square(grid, one_wave))
                           .ffill(axis=1).bfill(axis=1).to_numpy(float))
         cube = np.stack(slices, axis=-1)
@@ -273,7 +274,8 @@ class GemmModel:
             mine = aspect[(aspect["op"] == op) & (aspect["dtype"] == dtype) & (aspect["kernel"] == kernel)]
             if len(mine):  # whole-wave rows on the aspect lattice were not measured twice: they join it
                 sides = set(mine["m"]) | set(mine["n"])
-                on_lattice = g["m"].isin(sides) & g["n"].isin(sides) & g["k"].isin(set(mine["k"])) & (g["batch"] == 1)
+                on_lattice = (g["m"].isin(sides) & g["n"].isin(sides) & g["k"].isin(set(mine["k"]))
+                              & g["batch"].isin(set(mine["batch"])))  # bmm's grid is timed at a batch of its own
                 mine = pd.concat([mine, g[on_lattice].drop(columns="thr")], ignore_index=True)
             if len(mine):
                 own_twins = twins[(twins["op"] == op) & (twins["dtype"] == dtype)]

@@ -21,6 +21,30 @@ def test_embedding_sweep_tiny(cpu):
     assert {"B", "E", "T", "L", "D", "dtype", "p20_us", "p80_us", "cv", "units", "l2_bytes"} <= set(df.columns)
     back = df[df["direction"] == "backward"].iloc[0]
     assert back["bytes"] > df[(df["direction"] == "forward") & (df["shape"] == back["shape"])]["bytes"].iloc[0]
+    # each backward row carries what its one backward() call cost beyond the work; forward rows none
+    assert (df.loc[df["direction"] == "backward", "backward_call_us"] > 0).all()
+    assert df.loc[df["direction"] == "forward", "backward_call_us"].isna().all()
+
+
+def test_a_backward_rows_engine_call_is_fitted_off_and_added_back_for_the_sweeps_rows():
+    """Backward rows that each paid a 30 us backward() call: the model prices a lookup inside a
+    step without it (one call serves every table there), the sweep's own rows with it, and a
+    calibration without the column prices as before."""
+    from pipeline.predict.embedding import predict_rows
+
+    B, E, T, L, D = _embedding_shapes().T
+    plain, _ = embedding_traffic("backward", "float32", B, E, T, L, D)
+    work = 4.0 + plain / 20e3
+    rows = pd.DataFrame(dict(direction="backward", dtype="float32", B=B, E=E, T=T, L=L, D=D, held_out=False,
+                             median_us=work + 30.0, units=2, rows_per_block=1, l2_bytes=1 << 20))
+    model = EmbeddingModel.fit(rows.assign(backward_call_us=30.0))
+    assert model.predict("backward", "float32", B, E, T, L, D, hit_rate=False) == pytest.approx(work, rel=1e-4)
+    assert predict_rows(model, "backward", "float32", rows, hit_rate=False) == pytest.approx(work + 30.0, rel=1e-4)
+    again = EmbeddingModel.from_dict(json.loads(json.dumps(model.to_dict())))
+    assert again.backward_call_us == 30.0
+    before = EmbeddingModel.fit(rows)
+    assert before.backward_call_us == 0.0 and "backward_call_us" not in before.to_dict()
+    assert before.predict("backward", "float32", B, E, T, L, D, hit_rate=False) == pytest.approx(work + 30, rel=1e-4)
 
 
 def _embedding_shapes():

@@ -108,11 +108,16 @@ class EmbeddingModel:
 
     def __init__(self, groups: dict[tuple[str, str], dict], units: int, rows_per_block: int,
                  index_bytes: int = INDEX_BYTES, cold_groups: dict[tuple[str, str], dict] | None = None,
-                 context_cache_bytes: float = 0.0):
+                 context_cache_bytes: float = 0.0, backward_call_us: float = 0.0):
         self.groups, self.units, self.rows_per_block, self.index_bytes = groups, units, rows_per_block, index_bytes
         # CPU: the same fits on the cold rows (timed after a cache flush), and the cache a
         # model's tables share between two lookups of one table (the reported last level)
         self.cold_groups, self.context_cache_bytes = cold_groups or {}, float(context_cache_bytes)
+        # CPU: what the sweep's one backward() call per row cost beyond its work, taken off the
+        # backward rows before the fit (sweeps/embedding.backward_call_us): predict() prices a
+        # lookup inside a step, whose one backward() serves every table; predict_rows() adds it
+        # back to compare with the sweep's own rows
+        self.backward_call_us = float(backward_call_us)
 
     @staticmethod
     def fit(samples: pd.DataFrame, cache_bytes: float | None = None, units: int | None = None,
@@ -135,11 +140,17 @@ class EmbeddingModel:
             cols = [c for c in ("l2_bytes", "llc_bytes", "cache_bytes") if c in samples]
             # No cache size known (a GPU whose L2 torch does not report): cache 0, every lookup a miss.
             candidates = sorted({float(v) for c in cols for v in samples[c].unique() if v and v > 0}) or [0.0]
+        call = backward_call_of(samples)
+        if call:
+            samples = samples.assign(median_us=np.where(
+                samples["direction"] == "backward",
+                # the floor only guards against a call timed slower than a row's whole time (noise)
+                np.maximum(samples["median_us"] - call, CALL_FLOOR * samples["median_us"]), samples["median_us"]))
         cold = samples["cold"].fillna(False).astype(bool).to_numpy() if "cold" in samples else np.zeros(len(samples), bool)
         hot_groups = _fit_groups(samples[~cold], candidates, units, rpb, ib)
         cold_groups = _fit_groups(samples[cold], candidates, units, rpb, ib) if cold.any() else {}
         context = float(samples["llc_bytes"].max()) if "llc_bytes" in samples else 0.0
-        return EmbeddingModel(hot_groups, units, rpb, ib, cold_groups, context)
+        return EmbeddingModel(hot_groups, units, rpb, ib, cold_groups, context, call)
 
     def cached_share(self, working_set_bytes: float, cache_bytes: float | None = None) -> float | None:
         """The share of a working set (what passes through the cache between two lookups of one
@@ -210,6 +221,8 @@ class EmbeddingModel:
         if self.cold_groups:  # a model without cold fits saves as it always did
             d.update(cold_groups=records(self.cold_groups, ("direction", "dtype")),
                      context_cache_bytes=self.context_cache_bytes)
+        if self.backward_call_us:
+            d["backward_call_us"] = self.backward_call_us
         return d
 
     @classmethod
@@ -218,7 +231,20 @@ class EmbeddingModel:
             raise MissingModelError(f"not an embedding model: kind={d.get('kind')!r}")
         cold = keyed(d["cold_groups"], ("direction", "dtype")) if d.get("cold_groups") else None
         return cls(keyed(d["groups"], ("direction", "dtype")), int(d["units"]), int(d["rows_per_block"]),
-                   int(d["index_bytes"]), cold, float(d.get("context_cache_bytes", 0.0)))
+                   int(d["index_bytes"]), cold, float(d.get("context_cache_bytes", 0.0)),
+                   float(d.get("backward_call_us", 0.0)))
+
+
+CALL_FLOOR = 0.1  # a backward row keeps at least this share of its time when the call is taken off
+
+
+def backward_call_of(samples: pd.DataFrame) -> float:
+    """The backward() call cost the sweep recorded on its backward rows (their median), 0 where
+    none was (GPU rows, or a sweep from before 2026-11-28)."""
+    if "backward_call_us" not in samples:
+        return 0.0
+    call = samples.loc[samples["direction"] == "backward", "backward_call_us"].dropna()
+    return float(call.median()) if len(call) else 0.0
 
 
 def _fit_groups(samples: pd.DataFrame, candidates: list[float], units: int, rpb: int, ib: int) -> dict:
@@ -256,7 +282,7 @@ def predict_rows(model: EmbeddingModel, direction: str, dtype: str, rows: pd.Dat
     cold = rows["cold"].fillna(False).astype(bool).to_numpy() if "cold" in rows else np.zeros(len(rows), bool)
     if cold.any() and model.cold_groups:
         pred = np.where(cold, model.predict_cold(direction, dtype, *shape, hit_rate=hit_rate), pred)
-    return pred
+    return pred + (model.backward_call_us if direction == "backward" else 0.0)  # each row paid one call
 
 
 def kernel_error_stats(predicted, measured) -> dict:

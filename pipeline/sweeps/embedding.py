@@ -230,6 +230,25 @@ def _callable(direction: str, weight, idx, offsets):
     return bwd
 
 
+def backward_call_us(timing: TimingSpec, device: str = "cpu") -> float:
+    """What one `out.backward(ones)` costs around the work it starts: the autograd engine's
+    set-up and hand-back, timed on a one-element view of a leaf (the quicker of two timings).
+    Each backward row of the sweep pays it once; a training step pays it once for all its
+    lookups (DLRM-MLPerf: 26 tables, one backward), so the fit takes it off each backward row
+    (predict/embedding.py). EPYC VM, 2026-11-28: 18-34 us, against 55 us for a whole row of
+    16 one-row bags."""
+    import torch
+
+    leaf = torch.zeros(1, requires_grad=True, device=device)
+    out = leaf.view(1)
+    ones = torch.ones_like(out)
+
+    def call():
+        leaf.grad = None
+        out.backward(ones, retain_graph=True)
+    return min(measure(call, timing, device).median_us for _ in range(2))
+
+
 def sweep_embedding(dev: DeviceIdentity, profile_name, log=None) -> list[dict]:
     import torch
 
@@ -257,6 +276,11 @@ def sweep_embedding(dev: DeviceIdentity, profile_name, log=None) -> list[dict]:
         if len(cold_at) < len(todo):
             prog.log(f"[embedding_samples] a cold timing costs {cost_s:.2f} s of flushing: {len(cold_at)} of "
                      f"{len(todo)} points timed cold (cold_budget_s={budget_s:.0f})")
+    # CPU: timings are host time, the engine's call included (a GPU row is device time)
+    call = {"backward_call_us": backward_call_us(s.timing, dev.torch_device)} if dev.kind == "cpu" else {}
+    if call:
+        prog.log(f"[embedding_samples] one backward() call costs {call['backward_call_us']:.1f} us "
+                 "beyond its work: taken off each backward row by the fit, paid once per training step")
     tables, rows, skipped = _Tables(dev.torch_device), [], 0
     timed_at: list[tuple[int, str, bool]] = []  # each row's (todo index, direction, cold)
     for i, (dtype, p) in enumerate(todo):
@@ -286,6 +310,7 @@ def sweep_embedding(dev: DeviceIdentity, profile_name, log=None) -> list[dict]:
                     "direction": direction, "B": p.B, "E": p.E, "T": p.T, "L": p.L, "D": p.D, "dtype": dtype,
                     "shape": f"B{p.B}-E{p.E}-T{p.T}-L{p.L}-D{p.D}", "bytes": plain, "index_bytes": INDEX_BYTES,
                     **params, "held_out": p.held_out, "cold": is_cold, **meas.row(timing.cv_threshold),
+                    **(call if direction == "backward" else {}),
                 })
                 timed_at.append((i, direction, is_cold))
             prog.step(f"{direction} {dtype} B={p.B} E={p.E} T={p.T} L={p.L} D={p.D}")

@@ -235,3 +235,30 @@ def test_bmm_aspect_rows_at_their_batch_correct_batched_skinny_shapes(synthetic_
     assert fitted.predict("bmm", "float32", **skinny) == pytest.approx(8 * plain.predict("bmm", "float32", **skinny))
     assert fitted.predict("bmm", "float32", **square) == pytest.approx(plain.predict("bmm", "float32", **square))
     assert fitted.predict("mm", "float32", **skinny) == pytest.approx(plain.predict("mm", "float32", **skinny))
+
+
+def test_bmm_squares_timed_by_the_batch_grid_join_its_aspect_lattice(synthetic_gemm_model):
+    """The sweep leaves bmm's square cells at its aspect batch to the batch grid; the fit joins
+    those rows to the lattice as the zero its skinny cells are measured against. A made-up CPU
+    where every non-square batched matrix runs 2x the table and squares as the table: 4 x 64 is
+    priced 2x, 16 x 16 (the same output size) as the table; with the squares left out, 4 x 64
+    would be the most square cell of its size, its own reference, and priced 1x."""
+    from pipeline.sweeps.gemm import BMM_ASPECT_BATCH
+
+    b = BMM_ASPECT_BATCH
+    rows = pd.DataFrame([dict(op="bmm", dtype="float32", kernel="cpu", tile_m=8, tile_n=8, slots=2, batch=8,
+                              m=m, n=n, k=k, waves=w, median_us=(1 + k / 32) * w**0.8, held_out=False, grid="waves")
+                         for w, (m, n) in ((1, (8, 16)), (4, (16, 32)), (16, (32, 64))) for k in (32, 64, 128, 256)])
+    table = GemmModel.fit(rows).table("bmm", "float32")
+    sides = (4, 16, 64)
+    cells = pd.DataFrame([dict(m=m, n=n, k=64) for m in sides for n in sides])
+    timed = rows.iloc[:1].drop(columns=["m", "n", "k", "waves", "median_us", "batch", "grid"]).merge(cells, how="cross")
+    timed = timed.assign(batch=b, waves=1, median_us=table.predict_us(cells["m"], cells["n"], cells["k"], b)
+                         * np.where(cells["m"] == cells["n"], 1.0, 2.0),
+                         grid=np.where(cells["m"] == cells["n"], "batch", "aspect"))
+    fitted = GemmModel.fit(pd.concat([rows, timed], ignore_index=True))
+    plain = GemmModel.fit(pd.concat([rows, timed[timed["grid"] == "batch"]], ignore_index=True))
+    wide = dict(m=np.array([4]), n=np.array([64]), k=np.array([64]), batch=np.array([b]))  # 16 x 16's size
+    square = {**wide, "m": np.array([16]), "n": np.array([16])}
+    assert fitted.predict("bmm", "float32", **wide) == pytest.approx(2 * plain.predict("bmm", "float32", **wide))
+    assert fitted.predict("bmm", "float32", **square) == pytest.approx(plain.predict("bmm", "float32", **square))

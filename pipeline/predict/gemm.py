@@ -272,11 +272,15 @@ class GemmModel:
                               no_faster_with_more_waves(fill_capped(grid.to_numpy(float), ks),
                                                         grid.index.to_numpy(float), ks), split_k)
             mine = aspect[(aspect["op"] == op) & (aspect["dtype"] == dtype) & (aspect["kernel"] == kernel)]
-            if len(mine):  # whole-wave rows on the aspect lattice were not measured twice: they join it
+            if len(mine):  # whole-wave and batch-grid rows on the aspect lattice were not measured
+                # twice: they join it (bmm's lattice is timed at a batch of its own, its squares
+                # at that batch by the batch grid)
                 sides = set(mine["m"]) | set(mine["n"])
-                on_lattice = (g["m"].isin(sides) & g["n"].isin(sides) & g["k"].isin(set(mine["k"]))
-                              & g["batch"].isin(set(mine["batch"])))  # bmm's grid is timed at a batch of its own
-                mine = pd.concat([mine, g[on_lattice].drop(columns="thr")], ignore_index=True)
+                own_batched = batched[(batched["op"] == op) & (batched["dtype"] == dtype) & (batched["kernel"] == kernel)]
+                pool = pd.concat([g.drop(columns="thr"), own_batched], ignore_index=True)
+                on_lattice = (pool["m"].isin(sides) & pool["n"].isin(sides) & pool["k"].isin(set(mine["k"]))
+                              & pool["batch"].isin(set(mine["batch"])))
+                mine = pd.concat([mine, pool[on_lattice]], ignore_index=True)
             if len(mine):
                 own_twins = twins[(twins["op"] == op) & (twins["dtype"] == dtype)]
                 own_cold = cold[(cold["op"] == op) & (cold["dtype"] == dtype)]

@@ -235,7 +235,7 @@ def backward_call_us(timing: TimingSpec, device: str = "cpu") -> float:
     set-up and hand-back, timed on a one-element view of a leaf (the quicker of two timings).
     Each backward row of the sweep pays it once; a training step pays it once for all its
     lookups (DLRM-MLPerf: 26 tables, one backward), so the fit takes it off each backward row
-    (predict/embedding.py). EPYC VM, 2026-11-28: 18-34 us, against 55 us for a whole row of
+    (predict/embedding.py). EPYC VM, 2026-11-28: 21-30 us, against 55 us for a whole row of
     16 one-row bags."""
     import torch
 

@@ -87,7 +87,8 @@ def _wave_points(op: str, dtype: str, w: int, tile_m: int, tile_n: int, slots: i
 
 
 # One matrix per call: a batched GEMM spreads its batch over the cores, so a skinny matrix
-# in a batch of 32 does not run like a skinny matrix alone; bmm keeps the whole-wave table.
+# in a batch of 32 does not run like a skinny matrix alone; bmm has a grid of its own at one
+# batch (bmm_aspect_points).
 ASPECT_OPS = ("mm", "linear")
 TWO = 2  # the one side off the powers of 4 that the aspect grid also times
 
@@ -334,14 +335,15 @@ def set_tf32(dtype: str) -> None:
 
 def sweep_points(dev: DeviceIdentity, profile: Profile,
                  tiles: dict[tuple[str, str], tuple[int, int]] | None = None) -> list[GemmPoint]:
-    """Every point of the sweep: the whole-wave grid, the aspect grid (CPU), the held-out shapes.
-    A shape is measured once: an aspect point the whole-wave grid already holds is left to it
-    (the fit reads such rows into the aspect grid too, predict/gemm.py)."""
-    train = training_points(dev, profile, tiles)
-    have = {(p.op, p.dtype, p.batch, p.m, p.n, p.k) for p in train}
+    """Every point of the sweep: the whole-wave grid, the aspect grid (CPU), the batch grid (CPU),
+    the held-out shapes. A shape is measured once: an aspect point the whole-wave or the batch
+    grid already holds (bmm's square cells at its batch) is left to it (the fit reads such rows
+    into the aspect grid too, predict/gemm.py)."""
+    train, batched = training_points(dev, profile, tiles), batch_points(dev, profile)
+    have = {(p.op, p.dtype, p.batch, p.m, p.n, p.k) for p in train + batched}
     aspect = [p for p in aspect_points(dev, profile)
               if p.grid != "aspect" or (p.op, p.dtype, p.batch, p.m, p.n, p.k) not in have]  # twins all stay
-    return train + aspect + batch_points(dev, profile) + heldout_points(dev, profile)
+    return train + aspect + batched + heldout_points(dev, profile)
 
 
 def sweep_gemm(dev: DeviceIdentity, profile: Profile, log=None) -> list[dict]:

@@ -200,10 +200,10 @@ def test_the_twins_smoothing_ignores_the_rows_and_columns_of_two_that_have_no_tw
 def test_bmm_has_an_aspect_grid_of_its_own_at_one_batch_with_twins(cpu):
     """bmm's cells are timed at one batch, up to the batch grid's largest side, with rows and
     columns of two and unaligned twins as mm's, each point once."""
-    from pipeline.sweeps.gemm import BATCH_SIDES, BMM_ASPECT_BATCH, TWO, bmm_aspect_points
+    from pipeline.sweeps.gemm import BATCH_SIDES, BMM_ASPECT_BATCH, TWO, aspect_points
     from pipeline.sweeps.profiles import get_profile
 
-    pts = bmm_aspect_points(cpu, get_profile("quick", "cpu"))
+    pts = [p for p in aspect_points(cpu, get_profile("quick", "cpu")) if p.op == "bmm"]
     assert pts and all(p.op == "bmm" and p.batch == BMM_ASPECT_BATCH for p in pts)
     cells = {(p.m, p.n) for p in pts if p.grid == "aspect"}
     assert {(TWO, 64), (256, TWO), (1, 1024)} <= cells and max(max(c) for c in cells) == max(BATCH_SIDES)

@@ -88,7 +88,7 @@ def _wave_points(op: str, dtype: str, w: int, tile_m: int, tile_n: int, slots: i
 
 # One matrix per call: a batched GEMM spreads its batch over the cores, so a skinny matrix
 # in a batch of 32 does not run like a skinny matrix alone; bmm has a grid of its own at one
-# batch (bmm_aspect_points).
+# batch (BMM_ASPECT_BATCH).
 ASPECT_OPS = ("mm", "linear")
 TWO = 2  # the one side off the powers of 4 that the aspect grid also times
 
@@ -102,52 +102,39 @@ def aspect_points(dev: DeviceIdentity, profile: Profile) -> list[GemmPoint]:
     over little work. These points measure that, per (op, dtype), instead of assuming it."""
     if dev.kind != "cpu" or not profile.gemm_aspect_k:
         return []
-    sides = [4 ** i for i in range(int(math.log(profile.gemm_aspect_max, 4)) + 1)]
+    return (_lattice(dev, profile, ASPECT_OPS, 1, profile.gemm_aspect_max)
+            + _lattice(dev, profile, ("bmm",), BMM_ASPECT_BATCH, min(profile.gemm_aspect_max, max(BATCH_SIDES))))
+
+
+# bmm's own aspect grid is timed at one batch, the batch grid's middle one, up to the batch
+# grid's largest side (batched matrices are attention's and DLRM's, not LM heads): how a batched
+# skinny matrix runs is not how a lone one does, and not the same on every CPU (EPYC VM, float32:
+# a bmm of 12 x 457 x 2 x 168 ran 525 us, 12 lone mm's 750, and the square table priced 29; bf16
+# there amortizes 3x), so neither mm's grid nor the table can stand in for it. The batch grid
+# (square matrices, BATCH_SIZES) says how the batch size moves a shape; this one what its
+# aspect does at a batch of this size. It has twins of its own: the held-out and the models'
+# batched shapes are rarely aligned (EPYC VM, float32 31 x 106 x 119 x 137: 1416 us, priced 653
+# from aligned cells alone).
+BMM_ASPECT_BATCH = 16
+
+
+def _lattice(dev: DeviceIdentity, profile: Profile, ops: tuple[str, ...], batch: int, top: int) -> list[GemmPoint]:
+    """`ops` at `batch` over M, N in powers of 4 up to `top`, rows and columns of two, at the
+    aspect K values within the caps (counted over the batch), and the unaligned twins."""
+    sides = [4 ** i for i in range(int(math.log(top, 4)) + 1)]
     cap = profile.max_aspect_flops or profile.max_point_flops
 
     def cells(ms, ns):
-        return [GemmPoint(op, dtype, 1, m, n, k, False, "aspect") for dtype in dtypes_for(dev.kind)
-                for op in ASPECT_OPS for k in profile.gemm_aspect_k for m in ms for n in ns
-                if m * n <= profile.max_gemm_outputs and 2 * m * n * k <= cap]
+        return [GemmPoint(op, dtype, batch, m, n, k, False, "aspect") for dtype in dtypes_for(dev.kind)
+                for op in ops for k in profile.gemm_aspect_k for m in ms for n in ns
+                if batch * m * n <= profile.max_gemm_outputs and 2 * batch * m * n * k <= cap]
 
     grid = cells(sides, sides)
     # Two rows (columns) as well: between one, a GEMV, and four a BLAS changes kernels, and a
     # line through the two prices neither (Xeon VM, mm float32 166 x 2 x 452: 21 us, priced 8.4).
     # The twins stay on the powers of 4: a two-column row is shorter than a cache line.
     two = cells([TWO], [*sides, TWO]) + cells(sides, [TWO])
-    return (grid + two + unaligned_twins(grid, profile.gemm_twin_k or min(profile.gemm_aspect_k))
-            + bmm_aspect_points(dev, profile))
-
-
-# bmm's own aspect grid is timed at one batch, the batch grid's middle one: how a batched skinny
-# matrix runs is not how a lone one does, and not the same on every CPU (EPYC VM, float32: a
-# bmm of 12 x 457 x 2 x 168 ran 525 us, 12 lone mm's 750, and the square table priced 29; bf16
-# there amortizes 3x), so neither mm's grid nor the table can stand in for it. The batch grid
-# (square matrices, BATCH_SIZES) says how the batch size moves a shape; this one what its
-# aspect does at a batch of this size.
-BMM_ASPECT_BATCH = 16
-
-
-def bmm_aspect_points(dev: DeviceIdentity, profile: Profile) -> list[GemmPoint]:
-    """CPU: bmm of BMM_ASPECT_BATCH matrices, M and N over the aspect grid's powers of 4 and two
-    up to the batch grid's largest side (batched matrices are attention's and DLRM's, not LM
-    heads), at its K values, within its caps (counted over the whole batch)."""
-    if dev.kind != "cpu" or not profile.gemm_aspect_k:
-        return []
-    top = min(profile.gemm_aspect_max, max(BATCH_SIDES))
-    sides = [4 ** i for i in range(int(math.log(top, 4)) + 1)]
-    cap, b = profile.max_aspect_flops or profile.max_point_flops, BMM_ASPECT_BATCH
-
-    def cells(ms, ns):
-        return [GemmPoint("bmm", dtype, b, m, n, k, False, "aspect") for dtype in dtypes_for(dev.kind)
-                for k in profile.gemm_aspect_k for m in ms for n in ns
-                if b * m * n <= profile.max_gemm_outputs and 2 * b * m * n * k <= cap]
-
-    grid = cells(sides, sides)
-    # with twins of its own: the held-out and the models' batched shapes are rarely aligned
-    # (EPYC VM, float32 31 x 106 x 119 x 137: 1416 us, priced 653 from aligned cells alone)
-    twins = unaligned_twins(grid, profile.gemm_twin_k or min(profile.gemm_aspect_k))
-    return grid + cells([TWO], [*sides, TWO]) + cells(sides, [TWO]) + twins
+    return grid + two + unaligned_twins(grid, profile.gemm_twin_k or min(profile.gemm_aspect_k))
 
 
 BATCH_SIZES = (1, 4, 16, 64, 256)  # the batch grid: powers of 4, up to attention's batch x heads

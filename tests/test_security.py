@@ -280,7 +280,7 @@ def test_bad_slugs_are_refused(slug):
 def test_good_slugs_pass():
     from pipeline.core.slugs import check_slug
 
-    for slug in ("cpu-intel-xeon-processor-2c", "nvidia-h100-80gb-hbm3", "cuda-nvidia-h100-80gb-hbm3", "d1"):
+    for slug in ("cpu-intel-xeon-processor-f6m167-2c", "nvidia-h100-80gb-hbm3", "cuda-nvidia-h100-80gb-hbm3", "d1"):
         assert check_slug(slug) == slug
 
 

@@ -1,7 +1,10 @@
 """Which device is this? Cheap identification (for partition keys) apart from measured peaks.
 
 The slug is the partition key: stable across runs on the same hardware, e.g.
-`cpu-intel-xeon-processor-2c` or `cuda-nvidia-h100-80gb-hbm3`.
+`cpu-intel-xeon-processor-f6m207-2c` or `cuda-nvidia-h100-80gb-hbm3`. A CPU's slug carries its
+family and model numbers beside its name because a VM often masks the name: two different
+Xeons both report "Intel(R) Xeon(R) Processor", and a calibration of one must never be taken
+for the other's.
 """
 from __future__ import annotations
 
@@ -49,6 +52,38 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine() or "cpu"
 
 
+def _cpu_signature() -> str:
+    """`f<family>m<model>` from /proc/cpuinfo (x86), `i<implementer>p<part>` (Arm), or '' where
+    neither is there: what tells CPU models apart when their names are the same."""
+    fields: dict[str, str] = {}
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if not line.strip():
+                    break  # the first processor's block is enough
+                key, _, value = line.partition(":")
+                fields.setdefault(key.strip(), value.strip())
+    except OSError:
+        return ""
+    return cpu_signature(fields)
+
+
+def cpu_signature(fields: dict[str, str]) -> str:
+    """The signature of one /proc/cpuinfo processor block (see _cpu_signature)."""
+    family, model = fields.get("cpu family", ""), fields.get("model", "")
+    if family.isdigit() and model.isdigit():
+        return f"f{family}m{model}"
+    implementer, part = fields.get("CPU implementer", ""), fields.get("CPU part", "")
+    if implementer and part:
+        return slugify(f"i{implementer.removeprefix('0x')}p{part.removeprefix('0x')}")
+    return ""
+
+
+def cpu_stem(model: str, signature: str) -> str:
+    """The slug of a CPU less its thread count: `cpu-<name>[-<signature>]`."""
+    return "-".join(p for p in ("cpu", slugify(model), signature) if p)
+
+
 def _cpu_l2_bytes() -> int | None:
     path = "/sys/devices/system/cpu/cpu0/cache"
     try:
@@ -92,7 +127,7 @@ def identify_cpu() -> DeviceIdentity:
     threads = cpu_threads()
     model = _cpu_model()
     return DeviceIdentity(
-        slug=f"cpu-{slugify(model)}-{threads}c", kind="cpu", model=model, torch_device="cpu",
+        slug=f"{cpu_stem(model, _cpu_signature())}-{threads}c", kind="cpu", model=model, torch_device="cpu",
         cores=os.cpu_count(), threads=threads, sm_count=None, memory_bytes=_memory_bytes(),
         l2_bytes=_cpu_l2_bytes(), torch_version=torch.__version__, cuda_version=None, driver_version=None,
     )

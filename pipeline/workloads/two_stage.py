@@ -33,15 +33,16 @@ class PipelineRunError(DevcharError, RuntimeError):
 
 
 def local_cpu_threads(slug: str) -> int:
-    """The thread count a CPU slug of *this* machine's CPU names (cpu-<model>-<N>c), or
+    """The thread count a CPU slug of *this* machine's CPU names (cpu-<name>[-<signature>]-<N>c), or
     UnknownDeviceError saying why it cannot run here."""
-    from pipeline.device.discover import cpu_threads, identify_cpu, slugify
+    from pipeline.device.discover import cpu_threads, identify_cpu
 
     me = identify_cpu()
-    m = re.fullmatch(rf"cpu-{re.escape(slugify(me.model))}-(\d+)c", slug)
+    stem = me.slug.rsplit("-", 1)[0]
+    m = re.fullmatch(rf"{re.escape(stem)}-(\d+)c", slug)
     if not m:
         raise UnknownDeviceError(f"--measure runs both stages here, on this CPU ({me.model}); {slug!r} is not one of "
-                                 f"its slugs (cpu-{slugify(me.model)}-<threads>c)")
+                                 f"its slugs ({stem}-<threads>c)")
     n = int(m.group(1))
     if not 1 <= n <= cpu_threads():
         raise UnknownDeviceError(f"{slug!r} needs {n} threads; this process may run on {cpu_threads()} cores")

@@ -1,7 +1,7 @@
 """GEMMs with their weights read from memory: the rotation harness, the probe of the weight
 cache, the cold twins of the CPU sweep, the correction the GEMM model fits from them, and the
-share of a graph's weights it is charged on (harness/weight_rotation.py, sweeps/gemm.py,
-predict/gemm.py, predict/price.py, predict/workload.py)."""
+share of a graph's weights it is charged on (harness/weight_rotation.py, sweeps/gemm_points.py,
+predict/gemm_table.py, predict/price.py, predict/workload.py)."""
 import json
 
 import numpy as np
@@ -152,7 +152,8 @@ def test_graphs_and_op_lists_are_priced_with_their_weights_share(synthetic_gemm_
 
 
 def test_the_cpu_sweep_has_cold_twins_of_large_enough_weights(cpu):
-    from pipeline.sweeps.gemm import ASPECT_OPS, COLD_GRID, COLD_HELDOUT, cold_points, sweep_points
+    from pipeline.predict.gemm_grids import COLD_GRID, COLD_HELDOUT
+    from pipeline.sweeps.gemm_points import ASPECT_OPS, cold_points, sweep_points
     from pipeline.sweeps.profiles import get_profile
 
     profile = get_profile("quick", "cpu")

@@ -168,7 +168,7 @@ def test_granularity_finds_the_padding_step():
 def test_probed_tile_lays_out_whole_waves():
     from pipeline.device.discover import identify
     from pipeline.predict.geometry import waves
-    from pipeline.sweeps.gemm import slots_for, training_points
+    from pipeline.sweeps.gemm_points import slots_for, training_points
     from pipeline.sweeps.profiles import get_profile
 
     dev = identify("cpu")
@@ -209,7 +209,7 @@ def test_probe_survives_a_slow_spell(monkeypatch):
 
 
 def test_the_cpu_sweep_measures_each_training_shape_once_and_has_an_aspect_grid(cpu):
-    from pipeline.sweeps.gemm import ASPECT_OPS, BMM_ASPECT_BATCH, sweep_points
+    from pipeline.sweeps.gemm_points import ASPECT_OPS, BMM_ASPECT_BATCH, sweep_points
     from pipeline.sweeps.profiles import get_profile
 
     pts = sweep_points(cpu, get_profile("quick", "cpu"), {})
@@ -229,7 +229,7 @@ def test_the_grids_flop_caps_reach_an_lm_heads_k_at_the_largest_outputs(cpu):
     K = 128 was priced from K <= 32 cells); other grids and a profile without them keep max_point_flops."""
     from dataclasses import replace
 
-    from pipeline.sweeps.gemm import aspect_points, batch_points, training_points
+    from pipeline.sweeps.gemm_points import aspect_points, batch_points, training_points
     from pipeline.sweeps.profiles import get_profile
 
     quick = get_profile("quick", "cpu")
@@ -298,7 +298,7 @@ def test_the_probe_keeps_the_step_found_most_often(monkeypatch):
 
 
 def test_a_large_probed_tile_keeps_sub_wave_shapes_for_atens_loop(cpu):
-    from pipeline.sweeps.gemm import training_points
+    from pipeline.sweeps.gemm_points import training_points
     from pipeline.sweeps.profiles import get_profile
 
     def tiles(mm_bf16):

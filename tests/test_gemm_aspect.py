@@ -72,7 +72,7 @@ def test_unaligned_twins_price_rows_that_end_mid_cache_line(synthetic_gemm_model
 
 
 def test_the_cpu_sweep_has_unaligned_twins_of_the_aspect_cells(cpu):
-    from pipeline.sweeps.gemm import TWO, sweep_points
+    from pipeline.sweeps.gemm_points import TWO, sweep_points
     from pipeline.sweeps.profiles import get_profile
 
     profile = get_profile("quick", "cpu")
@@ -148,7 +148,7 @@ def test_aspect_correction_is_zero_at_the_square_cell_in_elements():
 
 
 def test_the_aspect_grid_times_two_rows_and_two_columns_without_twins(cpu):
-    from pipeline.sweeps.gemm import TWO, aspect_points
+    from pipeline.sweeps.gemm_points import TWO, aspect_points
     from pipeline.sweeps.profiles import get_profile
 
     quick = get_profile("quick", "cpu")
@@ -200,7 +200,7 @@ def test_the_twins_smoothing_ignores_the_rows_and_columns_of_two_that_have_no_tw
 def test_bmm_has_an_aspect_grid_of_its_own_at_one_batch_with_twins(cpu):
     """bmm's cells are timed at one batch, up to the batch grid's largest side, with rows and
     columns of two and unaligned twins as mm's, each point once."""
-    from pipeline.sweeps.gemm import BATCH_SIDES, BMM_ASPECT_BATCH, TWO, aspect_points
+    from pipeline.sweeps.gemm_points import BATCH_SIDES, BMM_ASPECT_BATCH, TWO, aspect_points
     from pipeline.sweeps.profiles import get_profile
 
     pts = [p for p in aspect_points(cpu, get_profile("quick", "cpu")) if p.op == "bmm"]
@@ -215,7 +215,7 @@ def test_bmm_aspect_rows_at_their_batch_correct_batched_skinny_shapes(synthetic_
     """A made-up CPU where batched matrices with N = 2 run 8x the whole-wave table's time: bmm
     aspect rows timed at batch 16 fit bmm's correction, which then prices N = 2 at another
     batch 8x and leaves square matrices alone; mm's table is untouched by them."""
-    from pipeline.sweeps.gemm import BMM_ASPECT_BATCH
+    from pipeline.sweeps.gemm_points import BMM_ASPECT_BATCH
 
     rows = pd.DataFrame([dict(op=op, dtype="float32", kernel="cpu", tile_m=8, tile_n=8, slots=2, batch=b,
                               m=m, n=n, k=k, waves=w, median_us=(1 + k / 32) * w**0.8, held_out=False, grid="waves")
@@ -243,7 +243,7 @@ def test_bmm_squares_timed_by_the_batch_grid_join_its_aspect_lattice(synthetic_g
     where every non-square batched matrix runs 2x the table and squares as the table: 4 x 64 is
     priced 2x, 16 x 16 (the same output size) as the table; with the squares left out, 4 x 64
     would be the most square cell of its size, its own reference, and priced 1x."""
-    from pipeline.sweeps.gemm import BMM_ASPECT_BATCH
+    from pipeline.sweeps.gemm_points import BMM_ASPECT_BATCH
 
     b = BMM_ASPECT_BATCH
     rows = pd.DataFrame([dict(op="bmm", dtype="float32", kernel="cpu", tile_m=8, tile_n=8, slots=2, batch=8,

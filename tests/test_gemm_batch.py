@@ -80,7 +80,7 @@ def test_one_slow_cell_does_not_price_its_shapes_alone():
 
 
 def test_the_cpu_sweep_has_a_batch_grid_within_its_caps(cpu):
-    from pipeline.sweeps.gemm import BATCH_SIDES, BATCH_SIZES, batch_points, sweep_points
+    from pipeline.sweeps.gemm_points import BATCH_SIDES, BATCH_SIZES, batch_points, sweep_points
     from pipeline.sweeps.profiles import get_profile
 
     quick = get_profile("quick")

@@ -88,7 +88,8 @@ def test_rows_timed_into_a_kept_output_give_the_kernel_and_the_faults_cost():
 @pytest.mark.parametrize("op", ["mm", "bmm", "linear"])
 def test_the_kept_output_twin_computes_what_the_sweep_timed(op):
     from pipeline.harness import random_pool
-    from pipeline.sweeps.gemm import GemmPoint, gemm_callable, output_faulted
+    from pipeline.sweeps.gemm import gemm_callable, output_faulted
+    from pipeline.sweeps.gemm_points import GemmPoint
 
     random_pool.release()  # the inputs' offsets start over for each callable: the same inputs
     kept = gemm_callable(op, "float32", 2, 8, 16, 4, "cpu", kept_output=True)()

@@ -151,7 +151,7 @@ def test_the_timing_scale_shortens_a_profile_but_keeps_its_grids(monkeypatch):
 def test_a_shortened_profile_drops_only_the_gemm_points_past_its_caps(monkeypatch):
     from pipeline.device.discover import identify
     from pipeline.harness.timer import TIMING_SCALE_ENV
-    from pipeline.sweeps.gemm import aspect_points, batch_points
+    from pipeline.sweeps.gemm_points import aspect_points, batch_points
     from pipeline.sweeps.profiles import get_profile
 
     dev = identify("cpu")

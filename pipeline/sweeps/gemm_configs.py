@@ -24,7 +24,8 @@ from pipeline.harness.progress import Progress
 from pipeline.harness.timer import measure
 from pipeline.predict.geometry import near_square
 from pipeline.sweeps import cublaslt_tables as T
-from pipeline.sweeps.gemm import heldout_points, kernel_name, kernel_namer, random_shapes, set_tf32
+from pipeline.sweeps.gemm import kernel_name, kernel_namer, set_tf32
+from pipeline.sweeps.gemm_points import heldout_points, random_shapes
 from pipeline.sweeps.profiles import Profile
 
 NOMINAL_TILE = (128, 128)  # for a tile id this cuBLASLt's table does not know (rows say tile_source)

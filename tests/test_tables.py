@@ -55,3 +55,24 @@ def test_layer_grid_predictions_matches_the_grid_cache():
     cols = re.findall(r"(\w+) (VARCHAR|BIGINT|DOUBLE|BOOLEAN)", create.replace('"', ""))
     assert grid_cache.TABLE == OUTSIDE_CONTRACT
     assert documented()[OUTSIDE_CONTRACT] == {c: (SQL_KIND[t], True) for c, t in cols}
+
+
+def _row(table: str, **values) -> "pd.DataFrame":
+    """One row holding every required column of `table` (1, 1.0, "x", True by kind), then `values`."""
+    import pandas as pd
+
+    fill = {"int": 1, "float": 1.0, "str": "x", "bool": True}
+    row = {c: fill[k] for c, k in CONTRACT[table].required.items()} | {"device": "cpu-x-2c"} | values
+    return pd.DataFrame([row])
+
+
+def test_a_backward_call_time_is_positive_or_missing():
+    """The embedding fit subtracts backward_call_us from backward rows: 0 or a negative time is refused."""
+    from pipeline.core.errors import ContractError
+    from pipeline.core.tables import validate
+
+    validate("embedding_samples", _row("embedding_samples", backward_call_us=12.5))
+    validate("embedding_samples", _row("embedding_samples", backward_call_us=float("nan")))  # forward rows
+    for bad in (0.0, -3.0):
+        with pytest.raises(ContractError, match=rf"backward_call_us row 0: {bad!r} is not a finite number > 0"):
+            validate("embedding_samples", _row("embedding_samples", backward_call_us=bad))

@@ -49,9 +49,9 @@ class Table:
         return got
 
 
-def _sample(required: dict, optional: dict | None = None) -> Table:
+def _sample(required: dict, optional: dict | None = None, checks: dict | None = None) -> Table:
     """A sample table: its own columns, the harness's timing columns, the row key."""
-    return Table({**required, **MEASURED, **KEY}, {**HARNESS, **(optional or {})}, TIMES)
+    return Table({**required, **MEASURED, **KEY}, {**HARNESS, **(optional or {})}, {**TIMES, **(checks or {})})
 
 
 CONTRACT: dict[str, Table] = {
@@ -75,7 +75,8 @@ CONTRACT: dict[str, Table] = {
     "embedding_samples": _sample({"direction": "str", "B": "int", "E": "int", "T": "int", "L": "int", "D": "int",
                                   "dtype": "str", "shape": "str", "bytes": "float", "index_bytes": "int",
                                   "l2_bytes": "int", "llc_bytes": "int", "units": "int", "rows_per_block": "int",
-                                  "held_out": "bool"}, {"cold": "bool", "backward_call_us": "float"}),
+                                  "held_out": "bool"}, {"cold": "bool", "backward_call_us": "float"},
+                                 {"backward_call_us": ">0?"}),  # the fit subtracts it: 0 or less is a broken timing
     "memory_samples": _sample({"op": "str", "dtype": "str", "batch": "int", "m": "int", "n": "int", "k": "int",
                                "shape": "str", "bytes": "float", "held_out": "bool"},
                               {"repeat_us": "float", "repeat_stalled": "bool"}),

@@ -14,6 +14,10 @@ Variants, each adding one fix of issue 14 to the one before:
   +batch           bmm charged the batch grid's per-kernel correction by batch, side and K
   +copy_layout     copies priced by their captured strides (transposing, row gather, broadcast)
                    rather than all as transposing copies
+  +bmm_aspect      bmm's own aspect grid at its batch (sweeps/gemm_points.py BMM_ASPECT_BATCH):
+                   skinny and unaligned batched matrices priced from it, not from bmm's table
+  +backward_call   the embedding backward rows' null backward() call taken off before the fit: a
+                   step's one backward() serves every table (predict/embedding.py)
 Prints the GEMM held-out error per (op, dtype), each run's e2e_shared error and Table V.
 """
 from __future__ import annotations
@@ -64,12 +68,34 @@ def _no_faults(g: pd.DataFrame) -> pd.DataFrame:
     return g.drop(columns=[c for c in ("faults_per_call", "fault_us_per_page") if c in g])
 
 
-VARIANTS = {"before": (lambda g: _no_faults(_no_twins(hot_rows(_no_batch(g)))), _hot),
-            "+unaligned": (lambda g: _no_faults(hot_rows(_no_batch(g))), _hot),
-            "+cold": (lambda g: _no_faults(hot_rows(_no_batch(g))), lambda e: e),
-            "+faults": (lambda g: hot_rows(_no_batch(g)), lambda e: e),
-            "+cold_weights": (_no_batch, lambda e: e), "+batch": (lambda g: g, lambda e: e),
-            "+copy_layout": (lambda g: g, lambda e: e)}
+def _no_bmm_aspect(g: pd.DataFrame) -> pd.DataFrame:
+    """Without bmm's aspect lattice and its twins (every other grid of bmm stays)."""
+    grid = g["grid"].astype(str)
+    return g[~((g["op"] == "bmm") & ((grid == "aspect") | grid.str.startswith("unaligned")))]
+
+
+def _no_call(e: pd.DataFrame) -> pd.DataFrame:
+    return e.drop(columns=[c for c in ("backward_call_us",) if c in e])
+
+
+def _old(gemm, emb):
+    """A variant before the last two: bmm without its aspect grid, embeddings without the call."""
+    return (lambda g: gemm(_no_bmm_aspect(g))), (lambda e: emb(_no_call(e)))
+
+
+def _all(x):
+    return x
+
+
+VARIANTS = {"before": _old(lambda g: _no_faults(_no_twins(hot_rows(_no_batch(g)))), _hot),
+            "+unaligned": _old(lambda g: _no_faults(hot_rows(_no_batch(g))), _hot),
+            "+cold": _old(lambda g: _no_faults(hot_rows(_no_batch(g))), _all),
+            "+faults": _old(lambda g: hot_rows(_no_batch(g)), _all),
+            "+cold_weights": _old(_no_batch, _all), "+batch": _old(_all, _all), "+copy_layout": _old(_all, _all),
+            "+bmm_aspect": (_all, _no_call), "+backward_call": (_all, _all)}
+
+
+STRIDED = ("+copy_layout", "+bmm_aspect", "+backward_call")  # the variants that price copies by their strides
 
 
 def main() -> None:
@@ -92,7 +118,7 @@ def main() -> None:
         print(f"\n== {name}: GEMM held-out |error| per (op, dtype)")
         print(err.round(3).to_string(index=False))
         models = {"gemm_model": gemm_model, "embedding_model": emb_model, **others}
-        pred = predict_runs(runs, graphs if name == "+copy_layout" else _no_strides(graphs), samples, models,
+        pred = predict_runs(runs, graphs if name in STRIDED else _no_strides(graphs), samples, models,
                             synchronous=True)
         shared = pred[pred["predictor"] == "e2e_shared"]
         print(shared[["workload", "config", "batch", "predicted_ms", "measured_ms", "rel_err"]]

@@ -1,0 +1,79 @@
+"""Export one device's measured tables from a warehouse into a committed reference calibration,
+models_store/reference/<slug>/<table>.parquet, which `devchar run --device <slug>` replays on any
+machine (`make check-references`). Only the sweep tables (what a replay loads), one run each.
+
+    DEVCHAR_HOME=<home of the make run> .venv/bin/python scripts/export_reference.py [--device SLUG]
+
+Refuses a table whose rows for the device come from more than one run (a partly re-run
+calibration is not one take), and writes every file to a temporary folder first, so a failure
+leaves the reference as it was. The folder's README.md (what machine, when, what it measured)
+is written by hand.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+import duckdb
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from pipeline.core.slugs import check_slug  # noqa: E402
+from pipeline.runner import SWEEPS, tables_of  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1] / "models_store" / "reference"
+
+
+def export(con: duckdb.DuckDBPyConnection, device: str, dest: Path) -> dict[str, int]:
+    """table -> rows written for `device` into `dest` (only the tables the warehouse has rows of)."""
+    have = {r[0] for r in con.execute("SELECT table_name FROM information_schema.tables").fetchall()}
+    counts = {}
+    for table in ["devices", *(t for sweep in SWEEPS for t in tables_of(sweep))]:
+        if table not in have:
+            continue
+        runs = con.execute(f"SELECT count(*), count(DISTINCT run_id) FROM {table} WHERE device = ?", [device]).fetchone()
+        if runs[0] == 0:
+            continue
+        if runs[1] > 1:
+            raise SystemExit(f"export_reference: {table} holds {runs[1]} runs for {device}; re-run the device whole")
+        path = str(dest / f"{table}.parquet").replace("'", "''")
+        con.execute(f"COPY (SELECT * FROM {table} WHERE device = ?) TO '{path}' (FORMAT parquet, COMPRESSION zstd)",
+                    [device])
+        counts[table] = runs[0]
+    return counts
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--device", default=None, help="the slug to export (default: the warehouse's only device)")
+    args = ap.parse_args()
+    db = Path(os.environ.get("DEVCHAR_HOME", ".devchar")) / "devchar.duckdb"
+    if not db.exists():
+        raise SystemExit(f"export_reference: no warehouse at {db}; set DEVCHAR_HOME to a make run's home")
+    con = duckdb.connect(str(db), read_only=True)
+    devices = [r[0] for r in con.execute("SELECT DISTINCT device FROM devices").fetchall()]
+    if args.device:
+        device = check_slug(args.device, "--device")
+    elif len(devices) == 1:
+        device = devices[0]
+    else:
+        raise SystemExit(f"export_reference: the warehouse holds {devices}; name one with --device")
+    with tempfile.TemporaryDirectory() as tmp:
+        counts = export(con, device, Path(tmp))
+        if "devices" not in counts:
+            raise SystemExit(f"export_reference: no devices row for {device} in {db}")
+        dest = ROOT / device
+        dest.mkdir(parents=True, exist_ok=True)
+        for name in counts:
+            shutil.copy(Path(tmp) / f"{name}.parquet", dest / f"{name}.parquet")
+    for name, n in counts.items():
+        print(f"{device}: {name}: {n} rows")
+    print(f"-> {dest} (write its README.md: machine, commit, date, what the run measured)")
+
+
+if __name__ == "__main__":
+    main()

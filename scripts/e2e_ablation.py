@@ -39,7 +39,7 @@ from pipeline.predict.embedding import EmbeddingModel  # noqa: E402
 from pipeline.predict.evaluate import error_table, gemm_predictions  # noqa: E402
 from pipeline.predict.gemm import GemmModel  # noqa: E402
 from pipeline.predict.gemm_grids import hot_rows  # noqa: E402
-from pipeline.predict.graph_predict import predict_runs, table_v  # noqa: E402
+from pipeline.predict.graph_predict import free_probe, predict_runs, table_v  # noqa: E402
 
 
 def _no_twins(g: pd.DataFrame) -> pd.DataFrame:
@@ -109,6 +109,7 @@ def main() -> None:
     gemm, emb = rows("gemm_samples"), rows("embedding_samples")
     runs, graphs, samples = rows("workload_runs"), rows("workload_graphs"), rows("overhead_samples")
     others = {m: store.load(model_store_root(), device, m) for m in ("utility_model", "memory_model")}
+    free = free_probe(rows("devices").iloc[0])  # as the pipeline's graph_predictions asset charges it
     pd.set_option("display.width", 200)
     summary = []
     for name, (pick_gemm, pick_emb) in VARIANTS.items():
@@ -119,7 +120,7 @@ def main() -> None:
         print(err.round(3).to_string(index=False))
         models = {"gemm_model": gemm_model, "embedding_model": emb_model, **others}
         pred = predict_runs(runs, graphs if name in STRIDED else _no_strides(graphs), samples, models,
-                            synchronous=True)
+                            synchronous=True, free=free)
         shared = pred[pred["predictor"] == "e2e_shared"]
         print(shared[["workload", "config", "batch", "predicted_ms", "measured_ms", "rel_err"]]
               .round(3).to_string(index=False))

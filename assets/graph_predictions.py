@@ -30,8 +30,8 @@ def table_v_metadata(pred: pd.DataFrame, device: str, name: str) -> dict:
     png = step_time_vs_batch(pred)
     save_plot(png, device, name)
     return {"table_v": md_table(tv, ".2%"), "step_time_vs_batch": image_md(png, f"{name}: per-step time vs batch"),
-            **{f"geomean_abs_err_{r.predictor}": float(r.geomean_abs_err) for r in tv.itertuples()
-               if not r.predictor.startswith("active")}}
+            **{f"{stat}_abs_err_{r.predictor}": float(getattr(r, f"{stat}_abs_err")) for r in tv.itertuples()
+               for stat in ("geomean", "mean") if not r.predictor.startswith("active")}}
 
 
 @dg.asset(partitions_def=devices, group_name="predict", kinds={"numpy", "duckdb"},

@@ -4,10 +4,11 @@ machine (`make check-references`). Only the sweep tables (what a replay loads), 
 
     DEVCHAR_HOME=<home of the make run> .venv/bin/python scripts/export_reference.py [--device SLUG]
 
-Refuses a table whose rows for the device come from more than one run (a partly re-run
-calibration is not one take), and writes every file to a temporary folder first, so a failure
-leaves the reference as it was. The folder's README.md (what machine, when, what it measured)
-is written by hand.
+Refuses a table whose rows for the device come from more than one run or carry no run_id (a
+partly re-run calibration is not one take), and writes every file to a temporary folder first,
+so a failure leaves the reference as it was; a table file the new take lacks is removed from
+the folder, so it never mixes two takes. The folder's README.md (what machine, when, what it
+measured) and any other file in it are left to the hand.
 """
 from __future__ import annotations
 
@@ -22,24 +23,25 @@ import duckdb
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from pipeline.core.slugs import check_slug  # noqa: E402
+from pipeline.core.config import reference_root  # noqa: E402
+from pipeline.core.slugs import check_slug, under  # noqa: E402
 from pipeline.runner import SWEEPS, tables_of  # noqa: E402
-
-ROOT = Path(__file__).resolve().parents[1] / "models_store" / "reference"
 
 
 def export(con: duckdb.DuckDBPyConnection, device: str, dest: Path) -> dict[str, int]:
     """table -> rows written for `device` into `dest` (only the tables the warehouse has rows of)."""
     have = {r[0] for r in con.execute("SELECT table_name FROM information_schema.tables").fetchall()}
     counts = {}
-    for table in ["devices", *(t for sweep in SWEEPS for t in tables_of(sweep))]:
+    for table in dict.fromkeys(["devices", *(t for sweep in SWEEPS for t in tables_of(sweep))]):
         if table not in have:
             continue
-        runs = con.execute(f"SELECT count(*), count(DISTINCT run_id) FROM {table} WHERE device = ?", [device]).fetchone()
+        runs = con.execute(f"SELECT count(*), count(DISTINCT run_id), count(*) - count(run_id) FROM {table} "
+                           "WHERE device = ?", [device]).fetchone()
         if runs[0] == 0:
             continue
-        if runs[1] > 1:
-            raise SystemExit(f"export_reference: {table} holds {runs[1]} runs for {device}; re-run the device whole")
+        if runs[1] > 1 or runs[2]:
+            raise SystemExit(f"export_reference: {table} holds {runs[1]} runs and {runs[2]} rows without a run_id "
+                             f"for {device}; re-run the device whole")
         path = str(dest / f"{table}.parquet").replace("'", "''")
         con.execute(f"COPY (SELECT * FROM {table} WHERE device = ?) TO '{path}' (FORMAT parquet, COMPRESSION zstd)",
                     [device])
@@ -55,19 +57,24 @@ def main() -> None:
     if not db.exists():
         raise SystemExit(f"export_reference: no warehouse at {db}; set DEVCHAR_HOME to a make run's home")
     con = duckdb.connect(str(db), read_only=True)
-    devices = [r[0] for r in con.execute("SELECT DISTINCT device FROM devices").fetchall()]
+    have = {r[0] for r in con.execute("SELECT table_name FROM information_schema.tables").fetchall()}
+    devices = [r[0] for r in con.execute("SELECT DISTINCT device FROM devices").fetchall()] if "devices" in have else []
     if args.device:
-        device = check_slug(args.device, "--device")
+        device = args.device
     elif len(devices) == 1:
         device = devices[0]
     else:
-        raise SystemExit(f"export_reference: the warehouse holds {devices}; name one with --device")
+        raise SystemExit(f"export_reference: the warehouse holds devices {devices}; name one with --device")
+    device = check_slug(device, "--device")
     with tempfile.TemporaryDirectory() as tmp:
         counts = export(con, device, Path(tmp))
         if "devices" not in counts:
             raise SystemExit(f"export_reference: no devices row for {device} in {db}")
-        dest = ROOT / device
+        dest = under(reference_root(), device)
         dest.mkdir(parents=True, exist_ok=True)
+        for stale in dest.glob("*.parquet"):  # a table of an earlier take that this one lacks
+            if stale.stem not in counts:
+                stale.unlink()
         for name in counts:
             shutil.copy(Path(tmp) / f"{name}.parquet", dest / f"{name}.parquet")
     for name, n in counts.items():

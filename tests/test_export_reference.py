@@ -42,4 +42,24 @@ def test_refuses_a_table_of_two_runs(devchar_home, tmp_path):
     con = duckdb.connect(str(devchar_home / "devchar.duckdb"), read_only=True)
     with pytest.raises(SystemExit, match="gemm_samples holds 2 runs"):
         _script().export(con, device, tmp_path)
-    assert not (tmp_path / "gemm_samples.parquet").exists()
+
+
+def test_main_replaces_an_earlier_takes_tables_and_keeps_the_readme(devchar_home, tmp_path, monkeypatch):
+    device = "cpu-a-f6m1-2c"
+    wh = DuckDBWarehouse()
+    wh.replace_partition("devices", device, pd.DataFrame(
+        [{"device": device, "run_id": "r1", "kind": "cpu", "name": device, "bandwidth_gbps": 10.0}]))
+    wh.replace_partition("gemm_samples", device, _rows(device, "r1", 2))
+    dest = tmp_path / "reference" / device
+    dest.mkdir(parents=True)
+    (dest / "README.md").write_text("by hand")
+    (dest / "opencl_launches.parquet").write_bytes(b"an earlier take's table")
+    mod = _script()
+    monkeypatch.setattr(mod, "reference_root", lambda: tmp_path / "reference")
+    monkeypatch.setattr("sys.argv", ["export_reference.py"])  # the warehouse's only device
+    mod.main()
+    assert sorted(p.name for p in dest.iterdir()) == ["README.md", "devices.parquet", "gemm_samples.parquet"]
+    assert (dest / "README.md").read_text() == "by hand"
+    monkeypatch.setattr("sys.argv", ["export_reference.py", "--device", "../escape"])
+    with pytest.raises(Exception, match="not a valid slug"):
+        mod.main()

@@ -66,7 +66,7 @@ def test_predict_runs_three_predictors_and_table_v(dlrm_captures, flat):
     tv = table_v(pred)
     assert {"kernel_only", "e2e_individual", "e2e_shared"} <= set(tv["predictor"])
     assert (tv["min_abs_err"] <= tv["geomean_abs_err"] + 1e-12).all()
-    assert (tv["geomean_abs_err"] <= tv["mean_abs_err"] + 1e-12).all()  # AM-GM
+    assert (tv["geomean_abs_err"] <= tv["mean_abs_err"] + 1e-6).all()  # AM-GM (errors floored at 1e-6)
     assert (tv["mean_abs_err"] <= tv["max_abs_err"] + 1e-12).all()
     # the profiler's per-event cost comes off a CPU op's traced time, never off a GPU kernel's
     costly = pd.DataFrame(samples).assign(profiler_overhead_us=0.5)

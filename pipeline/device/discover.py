@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass
 
 from pipeline.core.cores import usable_cores
 from pipeline.core.errors import UnknownDeviceError
+from pipeline.core.slugs import check_slug
 
 
 @dataclass(frozen=True)
@@ -47,7 +48,7 @@ def _cpu_model() -> str:
             for line in f:
                 if line.startswith("model name"):
                     return line.split(":", 1)[1].strip()
-    except OSError:
+    except (OSError, UnicodeDecodeError):
         pass
     return platform.processor() or platform.machine() or "cpu"
 
@@ -63,7 +64,7 @@ def _cpu_signature() -> str:
                     break  # the first processor's block is enough
                 key, _, value = line.partition(":")
                 fields.setdefault(key.strip(), value.strip())
-    except OSError:
+    except (OSError, UnicodeDecodeError):
         return ""
     return cpu_signature(fields)
 
@@ -75,7 +76,7 @@ def cpu_signature(fields: dict[str, str]) -> str:
         return f"f{family}m{model}"
     implementer, part = fields.get("CPU implementer", ""), fields.get("CPU part", "")
     if implementer and part:
-        return slugify(f"i{implementer.removeprefix('0x')}p{part.removeprefix('0x')}")
+        return slugify(f"i{implementer.lower().removeprefix('0x')}p{part.lower().removeprefix('0x')}")
     return ""
 
 
@@ -127,7 +128,7 @@ def identify_cpu() -> DeviceIdentity:
     threads = cpu_threads()
     model = _cpu_model()
     return DeviceIdentity(
-        slug=f"{cpu_stem(model, _cpu_signature())}-{threads}c", kind="cpu", model=model, torch_device="cpu",
+        slug=check_slug(f"{cpu_stem(model, _cpu_signature())}-{threads}c"), kind="cpu", model=model, torch_device="cpu",
         cores=os.cpu_count(), threads=threads, sm_count=None, memory_bytes=_memory_bytes(),
         l2_bytes=_cpu_l2_bytes(), torch_version=torch.__version__, cuda_version=None, driver_version=None,
     )

@@ -244,6 +244,7 @@ def backward_call_of(samples: pd.DataFrame) -> float:
     if "backward_call_us" not in samples:
         return 0.0
     call = samples.loc[samples["direction"] == "backward", "backward_call_us"].dropna()
+    call = call[call > 0]  # a broken timing (the contract refuses it on load) is no call to take off
     return float(call.median()) if len(call) else 0.0
 
 

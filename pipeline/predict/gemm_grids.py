@@ -1,6 +1,7 @@
 """The CPU GEMM sweep's extra grids as the GEMM model reads them (no torch): their names, the
 cache-line alignment of a shape's rows, and the helpers that turn a grid's cells into a
-correction over the (M x N) lattice or fill the cells the sweep's caps skipped (gemm.py)."""
+correction over the (M x N) lattice or fill the cells the sweep's caps skipped (gemm.py,
+gemm_table.py)."""
 from __future__ import annotations
 
 import numpy as np

@@ -56,7 +56,7 @@ class Profile:
     attention_seq_scan: bool = False
     # CPU only: K values of the aspect grid (M and N over powers of 4, off the whole-wave
     # diagonal), from which the GEMM model learns how skinny or wide shapes run against the
-    # near-square ones at the same output size (predict/gemm.py, AspectCorrection)
+    # near-square ones at the same output size (predict/gemm_table.py, GemmTable.with_aspect)
     gemm_aspect_k: tuple[int, ...] = ()
     gemm_aspect_max: int = 16384  # the largest M or N of the aspect grid
     # CPU: FLOP caps of the whole-wave and aspect grids' points (None: max_point_flops). An LM

@@ -28,11 +28,15 @@ from pipeline.core.slugs import check_slug, under  # noqa: E402
 from pipeline.runner import SWEEPS, tables_of  # noqa: E402
 
 
+def _tables(con: duckdb.DuckDBPyConnection) -> set[str]:
+    return {r[0] for r in con.execute("SELECT table_name FROM information_schema.tables").fetchall()}
+
+
 def export(con: duckdb.DuckDBPyConnection, device: str, dest: Path) -> dict[str, int]:
     """table -> rows written for `device` into `dest` (only the tables the warehouse has rows of)."""
-    have = {r[0] for r in con.execute("SELECT table_name FROM information_schema.tables").fetchall()}
+    have = _tables(con)
     counts = {}
-    for table in dict.fromkeys(["devices", *(t for sweep in SWEEPS for t in tables_of(sweep))]):
+    for table in (t for sweep in SWEEPS for t in tables_of(sweep)):  # the device sweep's `devices` first
         if table not in have:
             continue
         runs = con.execute(f"SELECT count(*), count(DISTINCT run_id), count(*) - count(run_id) FROM {table} "
@@ -57,7 +61,7 @@ def main() -> None:
     if not db.exists():
         raise SystemExit(f"export_reference: no warehouse at {db}; set DEVCHAR_HOME to a make run's home")
     con = duckdb.connect(str(db), read_only=True)
-    have = {r[0] for r in con.execute("SELECT table_name FROM information_schema.tables").fetchall()}
+    have = _tables(con)
     devices = [r[0] for r in con.execute("SELECT DISTINCT device FROM devices").fetchall()] if "devices" in have else []
     if args.device:
         device = args.device

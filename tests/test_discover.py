@@ -25,8 +25,9 @@ def test_the_signature_is_read_from_the_first_processor_block(tmp_path, monkeypa
                     "processor\t: 1\ncpu family\t: 6\nmodel\t\t: 85\n")
     real_open = open
     monkeypatch.setattr("builtins.open", lambda p, *a, **k: real_open(info if p == "/proc/cpuinfo" else p, *a, **k))
-    assert discover._cpu_signature() == "f25m17"
-    assert discover._cpu_model() == "AMD EPYC"
+    fields = discover._cpuinfo()
+    assert cpu_signature(fields) == "f25m17"
+    assert discover._cpu_model(fields) == "AMD EPYC"
     assert discover.identify_cpu().slug == f"cpu-amd-epyc-f25m17-{discover.cpu_threads()}c"
 
 

@@ -42,35 +42,30 @@ def slugify(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", text).strip("-")
 
 
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except (OSError, UnicodeDecodeError):
-        pass
-    return platform.processor() or platform.machine() or "cpu"
-
-
-def _cpu_signature() -> str:
-    """`f<family>m<model>` from /proc/cpuinfo (x86), `i<implementer>p<part>` (Arm), or '' where
-    neither is there: what tells CPU models apart when their names are the same."""
+def _cpuinfo() -> dict[str, str]:
+    """Each /proc/cpuinfo field's first value (the first processor's, where every block has it);
+    empty where the file cannot be read."""
     fields: dict[str, str] = {}
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
-                if not line.strip():
-                    break  # the first processor's block is enough
-                key, _, value = line.partition(":")
-                fields.setdefault(key.strip(), value.strip())
+                key, sep, value = line.partition(":")
+                if sep:
+                    fields.setdefault(key.strip(), value.strip())
     except (OSError, UnicodeDecodeError):
-        return ""
-    return cpu_signature(fields)
+        return {}
+    return fields
+
+
+def _cpu_model(fields: dict[str, str]) -> str:
+    if "model name" in fields:
+        return fields["model name"]
+    return platform.processor() or platform.machine() or "cpu"
 
 
 def cpu_signature(fields: dict[str, str]) -> str:
-    """The signature of one /proc/cpuinfo processor block (see _cpu_signature)."""
+    """The signature of /proc/cpuinfo's fields: `f<family>m<model>` (x86), `i<implementer>p<part>`
+    (Arm), or '' where neither is there: what tells CPU models apart when their names are the same."""
     family, model = fields.get("cpu family", ""), fields.get("model", "")
     if family.isdigit() and model.isdigit():
         return f"f{family}m{model}"
@@ -126,9 +121,10 @@ def identify_cpu() -> DeviceIdentity:
     import torch
 
     threads = cpu_threads()
-    model = _cpu_model()
+    info = _cpuinfo()  # read once: the name and the signature
+    model = _cpu_model(info)
     return DeviceIdentity(
-        slug=check_slug(f"{cpu_stem(model, _cpu_signature())}-{threads}c"), kind="cpu", model=model, torch_device="cpu",
+        slug=check_slug(f"{cpu_stem(model, cpu_signature(info))}-{threads}c"), kind="cpu", model=model, torch_device="cpu",
         cores=os.cpu_count(), threads=threads, sm_count=None, memory_bytes=_memory_bytes(),
         l2_bytes=_cpu_l2_bytes(), torch_version=torch.__version__, cuda_version=None, driver_version=None,
     )

@@ -177,14 +177,17 @@ def table_v(pred: pd.DataFrame) -> pd.DataFrame:
     rows = []
     for p, g in pred.groupby("predictor", sort=False):
         err = np.abs(g["rel_err"].to_numpy())
-        rows.append({"predictor": p, "n": len(g), "geomean_abs_err": _geomean(err), "mean_abs_err": float(err.mean()),
-                     "min_abs_err": float(err.min()), "max_abs_err": float(err.max())})
+        rows.append({"predictor": p, "n": len(g), **_abs_err_stats(err)})
     k = pred[pred["predictor"] == "kernel_only"]
     if len(k):
         err = np.abs((k["kernel_only_ms"] - k["active_measured_ms"]) / k["active_measured_ms"]).to_numpy()
-        rows.append({"predictor": "active_time (kernel sum vs traced)", "n": len(k), "geomean_abs_err": _geomean(err),
-                     "mean_abs_err": float(err.mean()), "min_abs_err": float(err.min()), "max_abs_err": float(err.max())})
+        rows.append({"predictor": "active_time (kernel sum vs traced)", "n": len(k), **_abs_err_stats(err)})
     return pd.DataFrame(rows)
+
+
+def _abs_err_stats(err: np.ndarray) -> dict:
+    return {"geomean_abs_err": _geomean(err), "mean_abs_err": float(err.mean()), "min_abs_err": float(err.min()),
+            "max_abs_err": float(err.max())}
 
 
 def _geomean(err: np.ndarray) -> float:

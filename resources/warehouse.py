@@ -15,7 +15,7 @@ from pydantic import Field, field_validator
 from pipeline.core.config import duckdb_path
 from pipeline.core.errors import DevcharError, WarehouseLockedError
 from pipeline.core.slugs import check_slug
-from pipeline.core.tables import SQL_TYPES, check_rows, contract
+from pipeline.core.tables import SQL_TYPES, check_columns, contract
 from resources.env import as_text, number
 
 TABLES = ("devices", "gemm_samples", "utility_samples", "attention_samples", "embedding_samples", "memory_samples",
@@ -158,8 +158,8 @@ class DuckDBWarehouse(DuckDBResource):
         """Several (table, device, rows[, scope]) replacements in ONE transaction: all land or none.
 
         Every frame is checked first (known table, a valid device slug naming every row, only
-        the contract's columns, of their kinds, finite positive times: pipeline/core/tables.py);
-        nothing touches the file until all pass. Column names reach SQL only quoted, and only contract names.
+        the contract's columns, of their kinds: pipeline/core/tables.py); nothing touches the
+        file until all pass. Column names reach SQL only quoted, and only contract names.
         """
         parts = [(t, d, r, (s[0] if s else None)) for t, d, r, *s in parts]
         for table, device, rows, scope in parts:
@@ -171,7 +171,7 @@ class DuckDBWarehouse(DuckDBResource):
             if "device" not in rows or set(rows["device"].unique()) != {device}:
                 raise DevcharError(f"rows for {table} name devices "
                                    f"{sorted(rows.get('device', pd.Series()).unique())}, not the partition {device!r}")
-            check_rows(table, rows, f"device {device!r}")
+            check_columns(table, rows)
             if scope is not None and scope not in rows:
                 raise DevcharError(f"scope column {scope!r} is not in the rows for {table}")
         with self.connect() as con:

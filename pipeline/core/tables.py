@@ -1,9 +1,8 @@
 """The table contract: the columns each warehouse table may hold, those it must, what they hold.
 
-Every write goes through `check_rows` (resources/warehouse.py refuses a column not named
-here, so a column name never reaches SQL unless it is one of these, and a time that is not a
-finite positive number, so a broken sweep fails at its own write, not at a later fit); a file
-given to `devchar load` goes through `validate` first: required columns, kinds, finite positive
+Every write goes through `check_columns` (resources/warehouse.py refuses a column not named
+here, so a column name never reaches SQL unless it is one of these); a file given to
+`devchar load` goes through `validate` first: required columns, kinds, finite positive
 times, a valid device slug. A sweep that writes a new column adds it here (and to the
 README's Tables section). Kinds: "int", "float", "str", "bool" (0 and 1 count as
 bools: a JSON-lines file read back turns a bool column with NULLs into 0.0/1.0/NaN); NULL is
@@ -170,13 +169,6 @@ def check_columns(table: str, rows: pd.DataFrame, source: str = "") -> None:
         misfit = _first_misfit(rows[col], spec.kind(col))
         if misfit is not None:
             raise ContractError(f"{where}{table}.{col} holds {misfit!r}; expected {spec.kind(col)} values")
-
-
-def check_rows(table: str, rows: pd.DataFrame, source: str = "") -> None:
-    """What every write must hold: the contract's columns, of their kinds, and its value rules
-    (finite positive times); `validate` adds what a loaded file must hold besides."""
-    check_columns(table, rows, source)
-    _check_values(table, rows, f"{source}: " if source else "")
 
 
 def _check_values(table: str, rows: pd.DataFrame, where: str) -> None:

@@ -1,9 +1,10 @@
 """Would scaling each GEMM training row by the spell probe's reading make the held-out error smaller?
 
 Each CPU row carries `probe_us` (harness/spells.py: a 128^3 mm timed just before and after it).
-This refits the GEMM model with every training row's times scaled by
-(the sweep's median probe reading / the row's own) ** beta and scores the held-out rows as
-measured (raw): nothing is measured, nothing is written.
+This refits the GEMM model with every training row's times (and its fault cost per page, which
+the fit subtracts from them) scaled by (the training rows' median probe reading / the row's
+own) ** beta and scores the held-out rows as measured (raw): nothing is measured, nothing is
+written.
 
     .venv/bin/python scripts/probe_normalize_ablation.py WAREHOUSE.duckdb|REFERENCE_DIR ...
 
@@ -24,12 +25,13 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from pipeline.predict.evaluate import error_table, gemm_predictions  # noqa: E402
 from pipeline.predict.gemm import GemmModel  # noqa: E402
 
-TIMES = ("median_us", "p20_us", "p80_us", "kept_us", "first_us")
+# what the GEMM fit reads in microseconds; fault_us_per_page is subtracted from median_us per fault
+TIMES = ("median_us", "p20_us", "p80_us", "kept_us", "fault_us_per_page")
 BETAS = (0.0, 0.5, 1.0)
 
 
 def scaled(rows: pd.DataFrame, beta: float) -> pd.DataFrame:
-    """The rows with their times scaled to the median probe reading; rows without one as they are."""
+    """The rows with their times scaled to their median probe reading; rows without one as they are."""
     p = rows["probe_us"].to_numpy(float)
     ok = np.isfinite(p) & (p > 0)
     factor = np.where(ok, (np.median(p[ok]) / np.where(ok, p, 1.0)) ** beta, 1.0)

@@ -29,6 +29,7 @@ from pipeline.orchestration.partitions import devices
 from pipeline.predict.evaluate import error_table
 from pipeline.core.config import devchar_home
 from pipeline.core.errors import DevcharError
+from pipeline.predict.probe_scaling import fit_scaled
 from pipeline.predict.store import new_version
 from resources.devices import DeviceRunner
 from resources.model_store import ModelStore
@@ -176,6 +177,9 @@ class FittedModel:
     doc: str  # the asset's description in the UI
     # (model, held-out rows) -> the DLRM paper's Table IV rows (GMAE / mean / std per kernel)
     table_iv: Optional[Callable] = None
+    # fit on training rows scaled by the spell probe, beta chosen by cross-validation
+    # (pipeline/predict/probe_scaling.py); rows without a probe reading (GPU) are left as they are
+    probe_scaled: bool = False
 
 
 def model_asset(spec: FittedModel) -> dg.AssetsDefinition:
@@ -192,7 +196,11 @@ def fit_and_register(context, warehouse, tracking, store, spec: FittedModel, gat
     device, name = context.partition_key, spec.name
     df = warehouse.device_rows(spec.samples, device)
     train, held = df[~df["held_out"]], df[df["held_out"]]
-    model = spec.fit(train)
+    if spec.probe_scaled:
+        model, choice = fit_scaled(train, spec.fit, spec.predict)
+        context.log.info(f"{name}: probe scaling {choice.summary()}")
+    else:
+        model, choice = spec.fit(train), None
     pred = spec.predict(model, held)
     errors = error_table(pred, ["op", "dtype"])
     overall = error_table(pred.assign(all="all"), ["all"]).iloc[0]
@@ -206,11 +214,12 @@ def fit_and_register(context, warehouse, tracking, store, spec: FittedModel, gat
     # Saved either way (its history is worth keeping), but marked: `latest` skips failed versions.
     meta = {"device": device, "version": version, "data_hash": dhash, "train_rows": len(train),
             "heldout_rows": len(held), "errors": errors.to_dict("records"), "run_id": context.run.run_id,
-            "heldout_check_passed": passed}
+            "heldout_check_passed": passed, **({"probe_beta": choice.beta} if choice else {})}
     path = store.save(device, name, model, meta, version)
     metrics = {"heldout_mean_rel_err": overall["mean_rel_err"], "heldout_max_rel_err": overall["max_rel_err"]}
     metrics.update({f"mre_{r.op}_{r.dtype}": r.mean_rel_err for r in errors.itertuples()})
-    mlflow_run = tracking.log_fit(name, device, {"train_rows": len(train), "version": version}, metrics,
+    params = {"train_rows": len(train), "version": version, **({"probe_beta": choice.beta} if choice else {})}
+    mlflow_run = tracking.log_fit(name, device, params, metrics,
                                   {"data_hash": dhash, "heldout_check_passed": str(passed)},
                                   [path / "model.json", plot_path], store_version=version, store_path=path,
                                   passed=passed)
@@ -220,6 +229,8 @@ def fit_and_register(context, warehouse, tracking, store, spec: FittedModel, gat
                 "heldout_max_rel_err": rounded(overall["max_rel_err"]),
                 "heldout_errors": metadata_table(errors),  # per (op, dtype); relative errors in %
                 "predicted_vs_measured": image_md(png, "Held-out shapes: predicted vs measured")}
+    if choice is not None:
+        metadata["probe_scaling"] = choice.summary()
     metadata.update(model_drift(context, warehouse, spec, model, errors, gates))
     if spec.table_iv is not None:  # of the version just saved, even if it fails its check
         metadata["table_iv"] = metadata_table(spec.table_iv(store.load(device, name, version), held))

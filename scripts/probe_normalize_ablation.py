@@ -1,15 +1,16 @@
-"""Would scaling each GEMM training row by the spell probe's reading make the held-out error smaller?
+"""How the spell probe's scaling of training rows (pipeline/predict/probe_scaling.py) moves the
+held-out error, beta by beta, beside the beta the fit's cross-validation chooses.
 
 Each CPU row carries `probe_us` (harness/spells.py: a 128^3 mm timed just before and after it).
-This refits the GEMM model with every training row's times (and its fault cost per page, which
-the fit subtracts from them) scaled by (the training rows' median probe reading / the row's
-own) ** beta and scores the held-out rows as measured (raw): nothing is measured, nothing is
-written.
+For the GEMM, utility and attention models this refits with every training row's times scaled
+by (the training rows' median probe reading / the row's own) ** beta and scores the held-out
+rows as measured (raw): nothing is measured, nothing is written.
 
     .venv/bin/python scripts/probe_normalize_ablation.py WAREHOUSE.duckdb|REFERENCE_DIR ...
 
 A REFERENCE_DIR is a committed calibration (models_store/reference/<slug>/). Prints the mean
-|error| per (op, dtype) for beta 0 (as fitted today), 0.5 and 1.
+|error| per (op, dtype) for every beta in probe_scaling.BETAS, and the one cross-validation
+picks (what `devchar run` now fits with).
 """
 from __future__ import annotations
 
@@ -22,30 +23,40 @@ import pandas as pd
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from pipeline.predict.evaluate import error_table, gemm_predictions  # noqa: E402
+from pipeline.predict.attention import AttentionModel  # noqa: E402
+from pipeline.predict.evaluate import (attention_predictions, error_table, gemm_predictions,  # noqa: E402
+                                       utility_predictions)
 from pipeline.predict.gemm import GemmModel  # noqa: E402
+from pipeline.predict.probe_scaling import BETAS, choose_beta, probed, scaled  # noqa: E402
+from pipeline.predict.utility import UtilityModel  # noqa: E402
 
-# what the GEMM fit reads in microseconds; fault_us_per_page is subtracted from median_us per fault
-TIMES = ("median_us", "p20_us", "p80_us", "kept_us", "fault_us_per_page")
-BETAS = (0.0, 0.5, 1.0)
-
-
-def scaled(rows: pd.DataFrame, beta: float) -> pd.DataFrame:
-    """The rows with their times scaled to their median probe reading; rows without one as they are."""
-    p = rows["probe_us"].to_numpy(float)
-    ok = np.isfinite(p) & (p > 0)
-    factor = np.where(ok, (np.median(p[ok]) / np.where(ok, p, 1.0)) ** beta, 1.0)
-    return rows.assign(**{c: rows[c].to_numpy(float) * factor for c in TIMES if c in rows})
+# sample table -> (fit, predict, the columns its error table groups by)
+MODELS = {"gemm_samples": (GemmModel.fit, gemm_predictions),
+          "utility_samples": (UtilityModel.fit, utility_predictions),
+          "attention_samples": (AttentionModel.fit, attention_predictions)}
 
 
-def gemm_rows(source: str) -> pd.DataFrame:
-    parquet = os.path.join(source, "gemm_samples.parquet")
-    if not (source.endswith(".duckdb") and os.path.isfile(source) or os.path.isfile(parquet)):
-        raise SystemExit(f"{source}: neither a warehouse file (.duckdb) nor a folder with gemm_samples.parquet")
-    if source.endswith(".duckdb"):
+def sample_rows(source: str, table: str) -> pd.DataFrame | None:
+    """The table's rows from a warehouse file or a reference folder; None where it has none."""
+    if source.endswith(".duckdb") and os.path.isfile(source):
         with duckdb.connect(source, read_only=True) as con:
-            return con.execute("SELECT * FROM gemm_samples").df()
-    return pd.read_parquet(parquet)
+            have = {r[0] for r in con.execute("SHOW TABLES").fetchall()}
+            return con.execute(f"SELECT * FROM {table}").df() if table in have else None
+    parquet = os.path.join(source, f"{table}.parquet")
+    return pd.read_parquet(parquet) if os.path.isfile(parquet) else None
+
+
+def ablate(table: str, rows: pd.DataFrame) -> pd.DataFrame:
+    fit, predict = MODELS[table]
+    rows = rows.assign(held_out=rows["held_out"].astype(bool))
+    train, held = rows[~rows["held_out"]], rows[rows["held_out"]]
+    choice = choose_beta(train, fit, predict)
+    print(f"   {table}: cross-validation chose {choice.summary()}")
+    cols = {}
+    for beta in BETAS:
+        err = error_table(predict(fit(scaled(train, beta, choice.reference_us)), held), ["op", "dtype"])
+        cols[f"beta={beta:g}"] = err.set_index(["op", "dtype"])["mean_rel_err"]
+    return pd.DataFrame(cols)
 
 
 def main(sources: list[str]) -> int:
@@ -53,17 +64,17 @@ def main(sources: list[str]) -> int:
         print(__doc__)
         return 2
     for source in sources:
-        rows = gemm_rows(source).assign(held_out=lambda d: d["held_out"].astype(bool))
-        if "probe_us" not in rows or not rows["probe_us"].notna().any():
-            print(f"{source}: no probe readings (taken before 2026-11-27 19:00)")
-            continue
-        train, held = rows[~rows["held_out"]], rows[rows["held_out"]]
-        cols = {}
-        for beta in BETAS:
-            err = error_table(gemm_predictions(GemmModel.fit(scaled(train, beta)), held), ["op", "dtype"])
-            cols[f"beta={beta:g}"] = err.set_index(["op", "dtype"])["mean_rel_err"]
+        if not (source.endswith(".duckdb") and os.path.isfile(source) or os.path.isdir(source)):
+            raise SystemExit(f"{source}: neither a warehouse file (.duckdb) nor a reference folder")
+        found = {table: sample_rows(source, table) for table in MODELS}
+        if all(rows is None for rows in found.values()):
+            raise SystemExit(f"{source}: holds none of {', '.join(MODELS)}")
         print(f"== {source}: held-out mean |error|")
-        print(pd.DataFrame(cols).round(3).to_string())
+        for table, rows in found.items():
+            if rows is None or not probed(rows).any():
+                print(f"   {table}: {'no rows' if rows is None else 'no probe readings (taken before 2026-11-27 19:00)'}")
+                continue
+            print(ablate(table, rows).round(3).to_string())
     return 0
 
 

@@ -3,6 +3,7 @@ that loads them from their modules. Resources are stubs: no sweep runs, nothing 
 from pathlib import Path
 
 import dagster as dg
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -173,6 +174,7 @@ def test_a_model_asset_fits_scores_saves_and_checks(devchar_home, tmp_path, held
     assert _checks(result) == {"heldout_error": passes}
     meta = _metadata(result)  # materialized and reported either way, the failed fit included
     assert {"version", "path", "mlflow_run_id", "heldout_errors", "predicted_vs_measured", "table_iv"} <= set(meta)
+    assert "probe_scaling" not in meta and "probe_beta" not in store.saved[next(iter(store.saved))][1]  # not asked for
     ((_, version),) = store.saved
     assert meta["version"].text == version and store.saved["gemm_model", version][1]["heldout_check_passed"] == passes
     # Dagster-native: the held-out errors a table (relative errors in %), the MLflow run a link
@@ -213,3 +215,24 @@ def test_accuracy_report_shows_its_tables_as_dagster_tables_and_a_plot(devchar_h
     assert isinstance(meta["table_iv_per_workload"], dg.TableMetadataValue)
     assert "data:image/png;base64," in meta["predicted_vs_measured"].value
     assert (devchar_home / "plots" / DEVICE / "accuracy_predicted_vs_measured.png").exists()
+
+
+def test_a_probe_scaled_model_asset_fits_with_the_beta_cross_validation_chose_and_says_which(devchar_home, tmp_path):
+    from pipeline.predict.probe_scaling import choose_beta, scaled
+
+    rng = np.random.default_rng(3)
+    k = np.arange(120) % 12 + 1.0
+    slow = rng.uniform(1.0, 1.5, 120)  # the probe reads the machine: a slow spell slows both
+    rows = pd.DataFrame({"device": DEVICE, "op": "mm", "dtype": "float32", "k": k, "median_us": 2.0 * k * slow,
+                         "probe_us": 20.0 * slow, "held_out": np.arange(120) >= 100})
+    train = rows[~rows["held_out"]]
+    expected = choose_beta(train, ScaleModel.fit, predict)
+    asset = model_asset(FittedModel("gemm_model", samples="gemm_samples", fit=ScaleModel.fit, predict=predict,
+                                    doc="A stand-in.", probe_scaled=True))
+    store = StubStore(tmp_path / "store")
+    result = _materialize(asset, warehouse=StubWarehouse(rows), model_store=store, tracking=StubTracking())
+    assert result.success
+    assert _metadata(result)["probe_scaling"].text == expected.summary() and expected.cv_mean_rel_err
+    ((model, meta),) = store.saved.values()
+    assert meta["probe_beta"] == expected.beta
+    assert model.scale == ScaleModel.fit(scaled(train, expected.beta, expected.reference_us)).scale

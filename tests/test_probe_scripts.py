@@ -46,21 +46,9 @@ def test_the_step_correlation_refuses_what_it_cannot_time(argv, said, capsys):
     assert said in capsys.readouterr().err
 
 
-def test_probe_scaling_moves_each_row_to_the_median_reading_and_leaves_rows_without_one():
-    import numpy as np
-    import pandas as pd
-
-    scaled = _load("probe_normalize_ablation").scaled
-    rows = pd.DataFrame({"median_us": [10.0, 10.0, 10.0, 10.0], "p20_us": [9.0] * 4, "kept_us": [np.nan, 5.0, 5.0, 5.0],
-                         "fault_us_per_page": [1.0] * 4, "probe_us": [20.0, 40.0, 20.0, np.nan]})
-    assert scaled(rows, 0.0).equals(rows)
-    one = scaled(rows, 1.0)  # the median reading is 20: the 40 us row ran in a spell twice as slow
-    assert one["median_us"].tolist() == [10.0, 5.0, 10.0, 10.0]
-    assert one["p20_us"].tolist() == [9.0, 4.5, 9.0, 9.0] and one["fault_us_per_page"].tolist() == [1.0, 0.5, 1.0, 1.0]
-    assert one["kept_us"].iloc[1] == 2.5 and np.isnan(one["kept_us"].iloc[0])
-    assert scaled(rows, 0.5)["median_us"].iloc[1] == pytest.approx(10.0 / np.sqrt(2.0))
-
-
-def test_probe_scaling_refuses_a_path_that_holds_no_gemm_rows(tmp_path):
+def test_the_probe_scaling_ablation_refuses_a_path_that_holds_no_sample_rows(tmp_path):
+    ablation = _load("probe_normalize_ablation")
+    with pytest.raises(SystemExit, match="holds none of gemm_samples, utility_samples, attention_samples"):
+        ablation.main([str(tmp_path)])
     with pytest.raises(SystemExit, match="neither a warehouse file"):
-        _load("probe_normalize_ablation").main([str(tmp_path)])
+        ablation.main([str(tmp_path / "missing.duckdb")])

@@ -1,0 +1,106 @@
+"""Training rows put on one machine state by the spell probe, as strongly as cross-validation says.
+
+Every CPU sample row carries `probe_us`: a 128^3 mm timed just before and after it
+(harness/spells.py). A row timed while the machine ran slow tends to read a slow probe too, so
+scaling each training row's times by (the training rows' median probe / the row's own) ** beta
+takes some of the machine's drift out of the tables. How much of the probe's spread is the
+machine's, and how much the probe's own noise, differs between machines and between takes
+(docs/methods.md, "What the probe cannot do": scaling with beta = 1 helped a noisy take and hurt
+quiet ones). So beta is not a constant: each fit chooses it from BETAS by k-fold
+cross-validation over its training rows alone (the held-out rows stay unseen), each validation
+row scored as measured, as the held-out rows are. beta = 0 is the fit as it was.
+
+Pure pandas/numpy: the fit and predict functions are passed in (assets/factories.py).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+import pandas as pd
+
+from pipeline.core.errors import DevcharError
+from pipeline.predict.metrics import rel_err
+
+BETAS = (0.0, 0.25, 0.5, 0.75, 1.0)
+FOLDS = 5
+# what the fits read in microseconds (fault_us_per_page: per page, subtracted per fault)
+TIMES = ("median_us", "p20_us", "p80_us", "kept_us", "cold_us", "fault_us_per_page")
+# fewer probed training rows than this per fold and the choice is not attempted
+MIN_ROWS_PER_FOLD = 10
+
+
+@dataclass(frozen=True)
+class ProbeChoice:
+    """The beta a fit used and why: the validation error of every candidate, or the reason
+    none was chosen (no probe readings: GPU rows, calibrations taken before the probe)."""
+    beta: float
+    reference_us: float | None = None  # the median probe reading the rows were scaled to
+    cv_mean_rel_err: dict[float, float] = field(default_factory=dict)
+    reason: str = ""
+
+    def summary(self) -> str:
+        if not self.cv_mean_rel_err:
+            return f"beta {self.beta:g} ({self.reason})"
+        cv = ", ".join(f"{b:g}: {100 * e:.1f} %" for b, e in self.cv_mean_rel_err.items())
+        return (f"beta {self.beta:g} by {FOLDS}-fold cross-validation on the training rows "
+                f"(mean |error| {cv}); scaled to a probe of {self.reference_us:.1f} us")
+
+
+def probe_factor(rows: pd.DataFrame, beta: float, reference_us: float | None = None) -> np.ndarray:
+    """(reference / the row's probe reading) ** beta per row; 1 for a row without a reading.
+    The reference defaults to the rows' own median reading."""
+    p = rows["probe_us"].to_numpy(float) if "probe_us" in rows else np.full(len(rows), np.nan)
+    ok = np.isfinite(p) & (p > 0)
+    if beta == 0 or not ok.any():
+        return np.ones(len(rows))
+    ref = float(np.median(p[ok])) if reference_us is None else reference_us
+    return np.where(ok, (ref / np.where(ok, p, 1.0)) ** beta, 1.0)
+
+
+def scaled(rows: pd.DataFrame, beta: float, reference_us: float | None = None) -> pd.DataFrame:
+    """The rows with their times (TIMES, those present) multiplied by probe_factor."""
+    f = probe_factor(rows, beta, reference_us)
+    return rows.assign(**{c: rows[c].to_numpy(float) * f for c in TIMES if c in rows})
+
+
+def probed(rows: pd.DataFrame) -> np.ndarray:
+    p = rows["probe_us"].to_numpy(float) if "probe_us" in rows else np.full(len(rows), np.nan)
+    return np.isfinite(p) & (p > 0)
+
+
+def choose_beta(train: pd.DataFrame, fit: Callable, predict: Callable, betas=BETAS, folds: int = FOLDS,
+                seed: int = 0) -> ProbeChoice:
+    """The beta in `betas` whose fits predict the left-out fold best (mean |relative error|,
+    pooled over the folds; ties go to the smaller beta). `fit(rows) -> model` and
+    `predict(model, rows) -> rows with predicted_us` are the model's own. Every fold is scaled to
+    the whole training set's median probe, so the candidates differ only in beta."""
+    ok = probed(train)
+    if not ok.any():
+        return ProbeChoice(0.0, reason="no probe readings in the training rows")
+    if ok.sum() < folds * MIN_ROWS_PER_FOLD:
+        return ProbeChoice(0.0, reason=f"{int(ok.sum())} probed training rows, too few for {folds} folds")
+    reference = float(np.median(train["probe_us"].to_numpy(float)[ok]))
+    fold = np.random.default_rng(seed).permutation(len(train)) % folds
+    errors = {}
+    for beta in betas:
+        pooled = []
+        for f in range(folds):
+            fitted_on, left_out = train[fold != f], train[fold == f]
+            try:
+                pred = predict(fit(scaled(fitted_on, beta, reference)), left_out)
+            except (DevcharError, ValueError, KeyError) as e:
+                # a fold without some (op, dtype)'s rows cannot fit it: the choice is not made
+                return ProbeChoice(0.0, reason=f"cross-validation could not fit fold {f}: {e}")
+            pooled.append(np.abs(rel_err(pred["predicted_us"], pred["median_us"])))
+        e = np.concatenate(pooled)
+        errors[float(beta)] = float(np.nanmean(e)) if np.isfinite(e).any() else float("inf")
+    best = min(errors, key=lambda b: (errors[b], b))
+    return ProbeChoice(best, reference, errors)
+
+
+def fit_scaled(train: pd.DataFrame, fit: Callable, predict: Callable):
+    """(the model fitted on the training rows scaled with the beta cross-validation chose, the choice)."""
+    choice = choose_beta(train, fit, predict)
+    return fit(scaled(train, choice.beta, choice.reference_us)), choice

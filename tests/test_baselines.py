@@ -1,5 +1,6 @@
 """The comparison baselines: roofline, NeuSight-style utilization MLP, Lin et al. log-log MLP."""
 import json
+import os
 
 import numpy as np
 import pandas as pd
@@ -145,6 +146,28 @@ def test_parallel_search_fits_what_one_process_fits(cls, monkeypatch):
         fits[jobs] = json.dumps(cls.fit(g, u, DEVICE, grid=two, seed=0).to_dict(), sort_keys=True)
     assert fits["1"] == fits["2"]
     assert {("mm", "float32"), ("bmm", "float32"), ("mm", "bfloat16")} <= set(cls.from_dict(json.loads(fits["2"])).gemm)
+    # the workers are gone once the search returns: idle, loky would keep them 300 s, and the
+    # dagster run worker that started them (its code server too) with them
+    assert _loky_workers() == []
+
+
+def _loky_workers() -> list[str]:
+    """This process's child processes that are loky workers (Linux /proc)."""
+    from pathlib import Path
+
+    me = Path(f"/proc/{os.getpid()}/task")
+    if not me.is_dir():
+        pytest.skip("no /proc to list child processes")
+    kids = {pid for task in me.iterdir() for pid in (task / "children").read_text().split()}
+    found = []
+    for pid in kids:
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+        except FileNotFoundError:
+            continue
+        if "loky" in cmd and "resource_tracker" not in cmd:
+            found.append(f"{pid}: {cmd.replace(chr(0), ' ')[:80]}")
+    return found
 
 
 @pytest.mark.parametrize("value", ["0", "-1", "two", "1.5"])

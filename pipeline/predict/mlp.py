@@ -160,9 +160,16 @@ def search_all(tasks: dict[Hashable, tuple], grid: str | dict = "reduced", seed:
     if jobs <= 1:
         return {k: search(*tasks[k], grid=grid, seed=seed) for k in keys}
     from joblib import Parallel, delayed
+    from joblib.externals.loky import get_reusable_executor
 
     # loky's workers get decode closures by cloudpickle; one numpy/BLAS thread each, so that
     # jobs x threads never exceeds the cores
-    out = Parallel(n_jobs=jobs, backend="loky", inner_max_num_threads=1)(
-        delayed(search)(*tasks[k], grid=grid, seed=seed) for k in keys)
+    try:
+        out = Parallel(n_jobs=jobs, backend="loky", inner_max_num_threads=1)(
+            delayed(search)(*tasks[k], grid=grid, seed=seed) for k in keys)
+    finally:
+        # loky keeps idle workers for 300 s, and the process that started them waits for them
+        # at exit: dagster's run worker, and with it the code server, outlived `devchar run`
+        # by 5 minutes. A later call starts new ones (~0.1 s against a search's seconds).
+        get_reusable_executor().shutdown(wait=True)
     return dict(zip(keys, out))

@@ -2,15 +2,15 @@
 held-out error, beta by beta, beside the beta the fit's cross-validation chooses.
 
 Each CPU row carries `probe_us` (harness/spells.py: a 128^3 mm timed just before and after it).
-For the GEMM, utility and attention models this refits with every training row's times scaled
-by (the training rows' median probe reading / the row's own) ** beta and scores the held-out
-rows as measured (raw): nothing is measured, nothing is written.
+For every model fitted from a sample table (assets/models.py) this refits with every training
+row's times scaled by (the training rows' median probe reading / the row's own) ** beta and
+scores the held-out rows as measured (raw): nothing is measured, nothing is written.
 
     .venv/bin/python scripts/probe_normalize_ablation.py WAREHOUSE.duckdb|REFERENCE_DIR ...
 
 A REFERENCE_DIR is a committed calibration (models_store/reference/<slug>/). Prints the mean
 |error| per (op, dtype) for every beta in probe_scaling.BETAS, and the one cross-validation
-picks (what `devchar run` now fits with).
+picks (what `devchar run` fits with for the models declared probe_scaled: utility, attention).
 """
 from __future__ import annotations
 
@@ -24,16 +24,19 @@ import pandas as pd
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from pipeline.predict.attention import AttentionModel  # noqa: E402
-from pipeline.predict.evaluate import (attention_predictions, error_table, gemm_predictions,  # noqa: E402
-                                       utility_predictions)
+from pipeline.predict import embedding, memory  # noqa: E402
+from pipeline.predict.evaluate import (attention_predictions, embedding_predictions, error_table,  # noqa: E402
+                                       gemm_predictions, memory_predictions, utility_predictions)
 from pipeline.predict.gemm import GemmModel  # noqa: E402
 from pipeline.predict.probe_scaling import BETAS, choose_beta, probed, scaled  # noqa: E402
 from pipeline.predict.utility import UtilityModel  # noqa: E402
 
-# sample table -> (fit, predict, the columns its error table groups by)
+# sample table -> (fit, predict), as assets/models.py declares them
 MODELS = {"gemm_samples": (GemmModel.fit, gemm_predictions),
           "utility_samples": (UtilityModel.fit, utility_predictions),
-          "attention_samples": (AttentionModel.fit, attention_predictions)}
+          "attention_samples": (AttentionModel.fit, attention_predictions),
+          "embedding_samples": (embedding.EmbeddingModel.fit, embedding_predictions),
+          "memory_samples": (memory.MemoryModel.fit, memory_predictions)}
 
 
 def sample_rows(source: str, table: str) -> pd.DataFrame | None:

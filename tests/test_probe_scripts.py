@@ -48,7 +48,8 @@ def test_the_step_correlation_refuses_what_it_cannot_time(argv, said, capsys):
 
 def test_the_probe_scaling_ablation_refuses_a_path_that_holds_no_sample_rows(tmp_path):
     ablation = _load("probe_normalize_ablation")
-    with pytest.raises(SystemExit, match="holds none of gemm_samples, utility_samples, attention_samples"):
+    tables = "gemm_samples, utility_samples, attention_samples, embedding_samples, memory_samples"
+    with pytest.raises(SystemExit, match=f"holds none of {tables}"):
         ablation.main([str(tmp_path)])
     with pytest.raises(SystemExit, match="neither a warehouse file"):
         ablation.main([str(tmp_path / "missing.duckdb")])

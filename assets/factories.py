@@ -214,11 +214,11 @@ def fit_and_register(context, warehouse, tracking, store, spec: FittedModel, gat
     # Saved either way (its history is worth keeping), but marked: `latest` skips failed versions.
     meta = {"device": device, "version": version, "data_hash": dhash, "train_rows": len(train),
             "heldout_rows": len(held), "errors": errors.to_dict("records"), "run_id": context.run.run_id,
-            "heldout_check_passed": passed, **({"probe_beta": choice.beta} if choice else {})}
+            "heldout_check_passed": passed, **(probe_meta(choice) if choice else {})}
     path = store.save(device, name, model, meta, version)
     metrics = {"heldout_mean_rel_err": overall["mean_rel_err"], "heldout_max_rel_err": overall["max_rel_err"]}
     metrics.update({f"mre_{r.op}_{r.dtype}": r.mean_rel_err for r in errors.itertuples()})
-    params = {"train_rows": len(train), "version": version, **({"probe_beta": choice.beta} if choice else {})}
+    params = {"train_rows": len(train), "version": version, **(probe_meta(choice) if choice else {})}
     mlflow_run = tracking.log_fit(name, device, params, metrics,
                                   {"data_hash": dhash, "heldout_check_passed": str(passed)},
                                   [path / "model.json", plot_path], store_version=version, store_path=path,
@@ -235,6 +235,13 @@ def fit_and_register(context, warehouse, tracking, store, spec: FittedModel, gat
     if spec.table_iv is not None:  # of the version just saved, even if it fails its check
         metadata["table_iv"] = metadata_table(spec.table_iv(store.load(device, name, version), held))
     return dg.MaterializeResult(metadata=metadata, check_results=[heldout_check_result(errors, overall, passed, gates)])
+
+
+def probe_meta(choice) -> dict:
+    """The probe scaling's choice, for the saved meta and the MLflow params: beta, the reading the
+    rows were scaled to (None when not scaled) and how beta came about."""
+    return {"probe_beta": choice.beta, "probe_reference_us": choice.reference_us if choice.beta else None,
+            "probe_beta_by": choice.how}
 
 
 def model_drift(context, warehouse, spec: FittedModel, model, errors: pd.DataFrame, gates: Gates) -> dict:

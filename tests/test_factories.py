@@ -219,20 +219,22 @@ def test_accuracy_report_shows_its_tables_as_dagster_tables_and_a_plot(devchar_h
 
 def test_a_probe_scaled_model_asset_fits_with_the_beta_cross_validation_chose_and_says_which(devchar_home, tmp_path):
     from pipeline.predict.probe_scaling import choose_beta, scaled
+    from test_probe_scaling import PerK, predict_per_k  # a table of cells, each a few rows
 
-    rng = np.random.default_rng(3)
-    k = np.arange(120) % 12 + 1.0
+    rng = np.random.default_rng(0)
+    k = np.arange(120) % 25 + 1.0
     slow = rng.uniform(1.0, 1.5, 120)  # the probe reads the machine: a slow spell slows both
     rows = pd.DataFrame({"device": DEVICE, "op": "mm", "dtype": "float32", "k": k, "median_us": 2.0 * k * slow,
                          "probe_us": 20.0 * slow, "held_out": np.arange(120) >= 100})
     train = rows[~rows["held_out"]]
-    expected = choose_beta(train, ScaleModel.fit, predict)
-    asset = model_asset(FittedModel("gemm_model", samples="gemm_samples", fit=ScaleModel.fit, predict=predict,
+    expected = choose_beta(train, PerK.fit, predict_per_k)
+    asset = model_asset(FittedModel("gemm_model", samples="gemm_samples", fit=PerK.fit, predict=predict_per_k,
                                     doc="A stand-in.", probe_scaled=True))
     store = StubStore(tmp_path / "store")
     result = _materialize(asset, warehouse=StubWarehouse(rows), model_store=store, tracking=StubTracking())
     assert result.success
-    assert _metadata(result)["probe_scaling"].text == expected.summary() and expected.cv_mean_rel_err
+    assert _metadata(result)["probe_scaling"].text == expected.summary() and expected.beta > 0
     ((model, meta),) = store.saved.values()
-    assert meta["probe_beta"] == expected.beta
-    assert model.scale == ScaleModel.fit(scaled(train, expected.beta, expected.reference_us)).scale
+    assert (meta["probe_beta"], meta["probe_beta_by"]) == (expected.beta, "cross-validation")
+    assert meta["probe_reference_us"] == expected.reference_us
+    assert model.table.equals(PerK.fit(scaled(train, expected.beta, expected.reference_us)).table)

@@ -5,7 +5,7 @@ import pandas as pd
 import pytest
 
 from pipeline.core.errors import MissingModelError
-from pipeline.predict.probe_scaling import FOLDS, MIN_ROWS_PER_FOLD, choose_beta, fit_scaled, scaled
+from pipeline.predict.probe_scaling import FOLDS, MIN_ROWS_PER_FOLD, choose_beta, fit_scaled, fold_of, scaled
 
 
 def test_scaling_moves_each_row_to_the_median_reading_and_leaves_rows_without_one():
@@ -33,7 +33,7 @@ class PerK:
         return cls(rows.groupby("k")["median_us"].mean())
 
 
-def _predict(model: PerK, rows: pd.DataFrame) -> pd.DataFrame:
+def predict_per_k(model: PerK, rows: pd.DataFrame) -> pd.DataFrame:
     return rows.assign(predicted_us=model.table.reindex(rows["k"]).to_numpy())
 
 
@@ -50,30 +50,49 @@ def _rows(n: int, probe_is_the_machine: bool, seed: int = 0) -> pd.DataFrame:
 def test_cross_validation_scales_fully_where_the_probe_reads_the_machine_and_not_where_it_reads_noise():
     # (validation rows are scored as measured, slow ones included, so full scaling need not be
     # the argmin: with other seeds 0.5 or 0.75 win where the probe reads the machine; 0 always where not)
-    reads = choose_beta(_rows(100, True), PerK.fit, _predict)
-    assert reads.beta == 1.0 and reads.reference_us == pytest.approx(np.median(_rows(100, True)["probe_us"]))
-    assert reads.cv_mean_rel_err[1.0] < reads.cv_mean_rel_err[0.0]
-    noise = choose_beta(_rows(100, False), PerK.fit, _predict)
+    reads = choose_beta(_rows(100, True), PerK.fit, predict_per_k)
+    assert reads.beta >= 0.5 and reads.reference_us == pytest.approx(np.median(_rows(100, True)["probe_us"]))
+    assert reads.cv_mean_rel_err[reads.beta] < reads.cv_mean_rel_err[0.0]
+    noise = choose_beta(_rows(100, False), PerK.fit, predict_per_k)
     assert noise.beta == 0.0 and noise.cv_mean_rel_err[0.0] < noise.cv_mean_rel_err[1.0]
     assert list(noise.cv_mean_rel_err) == [0.0, 0.25, 0.5, 0.75, 1.0]
-    model, choice = fit_scaled(_rows(100, True), PerK.fit, _predict)
+    model, choice = fit_scaled(_rows(100, True), PerK.fit, predict_per_k)
     # every row put at the median reading: each cell is 2 us per k at that machine state
     assert choice == reads and np.allclose(model.table.to_numpy(), 2.0 * model.table.index * reads.reference_us / 20.0)
-    assert "beta 1 by 5-fold cross-validation" in reads.summary()
+    assert f"beta {reads.beta:g} by 5-fold cross-validation" in reads.summary() and "scaled to a probe" in reads.summary()
+    assert noise.summary().endswith("not scaled") and noise.how == "cross-validation"
 
 
 def test_no_choice_without_readings_or_with_too_few_rows_or_a_fold_that_cannot_fit():
     rows = _rows(100, True)
-    none = choose_beta(rows.drop(columns="probe_us"), PerK.fit, _predict)
-    assert (none.beta, none.reason) == (0.0, "no probe readings in the training rows")
-    assert choose_beta(rows.assign(probe_us=np.nan), PerK.fit, _predict).beta == 0.0
-    few = choose_beta(rows.head(FOLDS * MIN_ROWS_PER_FOLD - 1), PerK.fit, _predict)
+    none = choose_beta(rows.drop(columns="probe_us"), PerK.fit, predict_per_k)
+    assert (none.beta, none.how) == (0.0, "no probe readings in the training rows")
+    assert none.summary() == "beta 0, not scaled (no probe readings in the training rows)"
+    assert choose_beta(rows.assign(probe_us=np.nan), PerK.fit, predict_per_k).beta == 0.0
+    few = choose_beta(rows.head(FOLDS * MIN_ROWS_PER_FOLD - 1), PerK.fit, predict_per_k)
     assert few.beta == 0.0 and "too few for 5 folds" in few.summary()
 
     def refuses(rows):
         raise MissingModelError("no GEMM calibration for op='bmm'")
 
-    failed = choose_beta(rows, refuses, _predict)
+    def runs_out(rows):  # scipy's nnls at its iteration limit
+        raise RuntimeError("Maximum number of iterations reached.")
+
+    failed = choose_beta(rows, refuses, predict_per_k)
     assert failed.beta == 0.0 and failed.reason.startswith("cross-validation could not fit fold 0: no GEMM")
-    model, choice = fit_scaled(rows.drop(columns="probe_us"), PerK.fit, _predict)
+    assert choose_beta(rows, runs_out, predict_per_k).reason.endswith("Maximum number of iterations reached.")
+    model, choice = fit_scaled(rows.drop(columns="probe_us"), PerK.fit, predict_per_k)
     assert choice.beta == 0.0 and model.table.equals(PerK.fit(rows).table)  # fitted as measured
+
+
+def test_folds_follow_the_rows_not_their_order_and_every_group_trains_in_every_fold():
+    rng = np.random.default_rng(5)
+    rows = pd.DataFrame({"op": ["mm"] * 30 + ["bmm"] * 7, "dtype": "float32", "m": rng.integers(1, 999, 37),
+                         "n": rng.integers(1, 999, 37), "k": 64, "median_us": rng.uniform(1, 9, 37)})
+    fold = fold_of(rows)
+    shuffled = rows.sample(frac=1.0, random_state=1)
+    again = pd.Series(fold_of(shuffled), index=shuffled.index).sort_index().to_numpy()
+    assert (again == fold).all()  # a warehouse query and a parquet file of the same rows agree
+    for op, n in (("mm", 30), ("bmm", 7)):  # dealt within each group: as even as its size allows
+        counts = np.bincount(fold[(rows["op"] == op).to_numpy()], minlength=FOLDS)
+        assert counts.sum() == n and counts.max() - counts.min() <= 1 and (counts > 0).all()

@@ -171,5 +171,5 @@ def search_all(tasks: dict[Hashable, tuple], grid: str | dict = "reduced", seed:
         # loky keeps idle workers for 300 s, and the process that started them waits for them
         # at exit: dagster's run worker, and with it the code server, outlived `devchar run`
         # by 5 minutes. A later call starts new ones (~0.1 s against a search's seconds).
-        get_reusable_executor().shutdown(wait=True)
+        get_reusable_executor(reuse=True).shutdown(wait=True)
     return dict(zip(keys, out))

@@ -30,6 +30,11 @@ FOLDS = 5
 TIMES = ("median_us", "p20_us", "p80_us", "kept_us", "cold_us", "fault_us_per_page", "backward_call_us")
 # fewer probed training rows than this per fold and the choice is not attempted
 MIN_ROWS_PER_FOLD = 10
+# folds are dealt within each group a model fits apart, so each group trains in every fold
+GROUPS = ("op", "backend", "dtype")
+# a fixed row order first: a warehouse query and a parquet file of the same rows get the same folds
+ORDER = GROUPS + ("grid", "batch", "m", "n", "k", "rows", "cols", "heads", "seq_q", "seq_kv", "head_dim",
+                  "causal", "median_us")
 
 
 @dataclass(frozen=True)
@@ -41,12 +46,18 @@ class ProbeChoice:
     cv_mean_rel_err: dict[float, float] = field(default_factory=dict)
     reason: str = ""
 
+    @property
+    def how(self) -> str:
+        """'cross-validation' where the candidates were scored, else why none was."""
+        return "cross-validation" if self.cv_mean_rel_err else self.reason
+
     def summary(self) -> str:
         if not self.cv_mean_rel_err:
-            return f"beta {self.beta:g} ({self.reason})"
+            return f"beta {self.beta:g}, not scaled ({self.reason})"
         cv = ", ".join(f"{b:g}: {100 * e:.1f} %" for b, e in self.cv_mean_rel_err.items())
+        scaled_to = (f"scaled to a probe of {self.reference_us:.1f} us" if self.beta else "not scaled")
         return (f"beta {self.beta:g} by {FOLDS}-fold cross-validation on the training rows "
-                f"(mean |error| {cv}); scaled to a probe of {self.reference_us:.1f} us")
+                f"(mean |error| {cv}); {scaled_to}")
 
 
 def probe_factor(rows: pd.DataFrame, beta: float, reference_us: float | None = None) -> np.ndarray:
@@ -67,8 +78,25 @@ def scaled(rows: pd.DataFrame, beta: float, reference_us: float | None = None) -
 
 
 def probed(rows: pd.DataFrame) -> np.ndarray:
+    """Which rows have a probe reading (finite, > 0)."""
     p = rows["probe_us"].to_numpy(float) if "probe_us" in rows else np.full(len(rows), np.nan)
     return np.isfinite(p) & (p > 0)
+
+
+def fold_of(rows: pd.DataFrame, folds: int = FOLDS, seed: int = 0) -> np.ndarray:
+    """Each row's fold (by position): the rows in ORDER, then dealt in a seeded shuffle within
+    each group (GROUPS), so a group of `folds` rows or more has rows on both sides of every split."""
+    frame = rows.reset_index(drop=True)
+    keys = [c for c in ORDER if c in frame]
+    pos = frame.sort_values(keys, kind="stable").index.to_numpy() if keys else np.arange(len(frame))
+    cols = [c for c in GROUPS if c in frame]
+    label = (frame.loc[pos, cols].astype(str).agg("|".join, axis=1).to_numpy() if cols
+             else np.zeros(len(pos), dtype=str))
+    rng, fold = np.random.default_rng(seed), np.empty(len(frame), dtype=int)
+    for group in sorted(set(label)):
+        members = pos[label == group]
+        fold[members] = rng.permutation(len(members)) % folds
+    return fold
 
 
 def choose_beta(train: pd.DataFrame, fit: Callable, predict: Callable, betas=BETAS, folds: int = FOLDS,
@@ -83,7 +111,7 @@ def choose_beta(train: pd.DataFrame, fit: Callable, predict: Callable, betas=BET
     if ok.sum() < folds * MIN_ROWS_PER_FOLD:
         return ProbeChoice(0.0, reason=f"{int(ok.sum())} probed training rows, too few for {folds} folds")
     reference = float(np.median(train["probe_us"].to_numpy(float)[ok]))
-    fold = np.random.default_rng(seed).permutation(len(train)) % folds
+    fold = fold_of(train, folds, seed)
     errors = {}
     for beta in betas:
         pooled = []
@@ -91,8 +119,9 @@ def choose_beta(train: pd.DataFrame, fit: Callable, predict: Callable, betas=BET
             fitted_on, left_out = train[fold != f], train[fold == f]
             try:
                 pred = predict(fit(scaled(fitted_on, beta, reference)), left_out)
-            except (DevcharError, ValueError, KeyError) as e:
-                # a fold without some (op, dtype)'s rows cannot fit it: the choice is not made
+            except (DevcharError, ValueError, KeyError, RuntimeError) as e:
+                # a fold a group's fit cannot stand (too few of its rows left; scipy's nnls out of
+                # iterations raises RuntimeError): no choice, the fit as measured
                 return ProbeChoice(0.0, reason=f"cross-validation could not fit fold {f}: {e}")
             pooled.append(np.abs(rel_err(pred["predicted_us"], pred["median_us"])))
         e = np.concatenate(pooled)

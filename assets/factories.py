@@ -211,14 +211,15 @@ def fit_and_register(context, warehouse, tracking, store, spec: FittedModel, gat
     plot_path = save_plot(png, device, f"{name}_heldout")
     passed = bool((errors["median_rel_err"] <= gates.max_heldout_err).all()
                   and overall["mean_rel_err"] <= gates.max_heldout_mean_err)
+    probe = probe_meta(choice) if choice else {}
     # Saved either way (its history is worth keeping), but marked: `latest` skips failed versions.
     meta = {"device": device, "version": version, "data_hash": dhash, "train_rows": len(train),
             "heldout_rows": len(held), "errors": errors.to_dict("records"), "run_id": context.run.run_id,
-            "heldout_check_passed": passed, **(probe_meta(choice) if choice else {})}
+            "heldout_check_passed": passed, **probe}
     path = store.save(device, name, model, meta, version)
     metrics = {"heldout_mean_rel_err": overall["mean_rel_err"], "heldout_max_rel_err": overall["max_rel_err"]}
     metrics.update({f"mre_{r.op}_{r.dtype}": r.mean_rel_err for r in errors.itertuples()})
-    params = {"train_rows": len(train), "version": version, **(probe_meta(choice) if choice else {})}
+    params = {"train_rows": len(train), "version": version, **probe}
     mlflow_run = tracking.log_fit(name, device, params, metrics,
                                   {"data_hash": dhash, "heldout_check_passed": str(passed)},
                                   [path / "model.json", plot_path], store_version=version, store_path=path,

@@ -63,10 +63,10 @@ class ProbeChoice:
 def probe_factor(rows: pd.DataFrame, beta: float, reference_us: float | None = None) -> np.ndarray:
     """(reference / the row's probe reading) ** beta per row; 1 for a row without a reading.
     The reference defaults to the rows' own median reading."""
-    p = rows["probe_us"].to_numpy(float) if "probe_us" in rows else np.full(len(rows), np.nan)
-    ok = np.isfinite(p) & (p > 0)
+    ok = probed(rows)
     if beta == 0 or not ok.any():
         return np.ones(len(rows))
+    p = rows["probe_us"].to_numpy(float)
     ref = float(np.median(p[ok])) if reference_us is None else reference_us
     return np.where(ok, (ref / np.where(ok, p, 1.0)) ** beta, 1.0)
 

@@ -180,6 +180,9 @@ class FittedModel:
     # fit on training rows scaled by the spell probe, beta chosen by cross-validation
     # (pipeline/predict/probe_scaling.py); rows without a probe reading (GPU) are left as they are
     probe_scaled: bool = False
+    # rows -> which training rows the cross-validation scores (those like the held-out rows);
+    # None: all of them
+    probe_scored: Optional[Callable] = None
 
 
 def model_asset(spec: FittedModel) -> dg.AssetsDefinition:
@@ -197,7 +200,7 @@ def fit_and_register(context, warehouse, tracking, store, spec: FittedModel, gat
     df = warehouse.device_rows(spec.samples, device)
     train, held = df[~df["held_out"]], df[df["held_out"]]
     if spec.probe_scaled:
-        model, choice = fit_scaled(train, spec.fit, spec.predict)
+        model, choice = fit_scaled(train, spec.fit, spec.predict, spec.probe_scored)
         context.log.info(f"{name}: probe scaling {choice.summary()}")
     else:
         model, choice = spec.fit(train), None

@@ -8,7 +8,7 @@ gemm_config_model (assets/gemm_configs.py), opencl_models (assets/opencl_models.
 """
 from assets.factories import FittedModel, model_asset
 from pipeline.predict import embedding, memory
-from pipeline.predict.attention import AttentionModel
+from pipeline.predict.attention import AttentionModel, on_base_grid
 from pipeline.predict.evaluate import (attention_predictions, embedding_predictions, gemm_predictions,
                                        memory_predictions, utility_predictions)
 from pipeline.predict.gemm import GemmModel
@@ -27,7 +27,7 @@ utility_model = model_asset(FittedModel(
     doc="Per (op, dtype): latency = non-negative linear function of bytes moved, flops and rows."))
 attention_model = model_asset(FittedModel(
     "attention_model", samples="attention_samples", fit=AttentionModel.fit, predict=attention_predictions,
-    probe_scaled=True,
+    probe_scaled=True, probe_scored=on_base_grid,
     doc="Per (backend, dtype, head_dim, causal): throughput over (bh, seq), interpolated; head dims between."))
 # The DLRM paper's kernels (section III-B), with its Table IV in the metadata.
 embedding_model = model_asset(FittedModel(

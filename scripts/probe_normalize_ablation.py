@@ -23,7 +23,7 @@ import pandas as pd
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from pipeline.predict.attention import AttentionModel  # noqa: E402
+from pipeline.predict.attention import AttentionModel, on_base_grid  # noqa: E402
 from pipeline.predict import embedding, memory  # noqa: E402
 from pipeline.predict.evaluate import (attention_predictions, embedding_predictions, error_table,  # noqa: E402
                                        gemm_predictions, memory_predictions, utility_predictions)
@@ -31,12 +31,12 @@ from pipeline.predict.gemm import GemmModel  # noqa: E402
 from pipeline.predict.probe_scaling import BETAS, choose_beta, probed, scaled  # noqa: E402
 from pipeline.predict.utility import UtilityModel  # noqa: E402
 
-# sample table -> (fit, predict), as assets/models.py declares them
-MODELS = {"gemm_samples": (GemmModel.fit, gemm_predictions),
-          "utility_samples": (UtilityModel.fit, utility_predictions),
-          "attention_samples": (AttentionModel.fit, attention_predictions),
-          "embedding_samples": (embedding.EmbeddingModel.fit, embedding_predictions),
-          "memory_samples": (memory.MemoryModel.fit, memory_predictions)}
+# sample table -> (fit, predict, the rows cross-validation scores), as assets/models.py declares them
+MODELS = {"gemm_samples": (GemmModel.fit, gemm_predictions, None),
+          "utility_samples": (UtilityModel.fit, utility_predictions, None),
+          "attention_samples": (AttentionModel.fit, attention_predictions, on_base_grid),
+          "embedding_samples": (embedding.EmbeddingModel.fit, embedding_predictions, None),
+          "memory_samples": (memory.MemoryModel.fit, memory_predictions, None)}
 
 
 def sample_rows(source: str, table: str) -> pd.DataFrame | None:
@@ -50,10 +50,10 @@ def sample_rows(source: str, table: str) -> pd.DataFrame | None:
 
 
 def ablate(table: str, rows: pd.DataFrame) -> pd.DataFrame:
-    fit, predict = MODELS[table]
+    fit, predict, scored = MODELS[table]
     rows = rows.assign(held_out=rows["held_out"].astype(bool))
     train, held = rows[~rows["held_out"]], rows[rows["held_out"]]
-    choice = choose_beta(train, fit, predict)
+    choice = choose_beta(train, fit, predict, scored=scored)
     print(f"   {table}: cross-validation chose {choice.summary()}")
     cols = {}
     for beta in BETAS:

@@ -96,3 +96,25 @@ def test_folds_follow_the_rows_not_their_order_and_every_group_trains_in_every_f
     for op, n in (("mm", 30), ("bmm", 7)):  # dealt within each group: as even as its size allows
         counts = np.bincount(fold[(rows["op"] == op).to_numpy()], minlength=FOLDS)
         assert counts.sum() == n and counts.max() - counts.min() <= 1 and (counts > 0).all()
+
+
+def test_cross_validation_scores_only_the_rows_named_and_trains_on_the_others_in_every_fold():
+    rows = _rows(100, True).assign(grid=["scan"] * 40 + ["seq"] * 60)
+    left_out, trained_on = [], []
+
+    def fit(rows):
+        trained_on.append(set(rows.index))
+        return PerK.fit(rows)
+
+    def predict(model, rows):
+        left_out.append(set(rows.index))
+        return predict_per_k(model, rows)
+
+    choice = choose_beta(rows, fit, predict, scored=lambda r: (r["grid"] == "seq").to_numpy())
+    scan = set(rows.index[rows["grid"] == "scan"])
+    assert left_out and all(not (part & scan) for part in left_out)  # scan rows are never scored
+    assert all(scan <= part for part in trained_on)  # and train in every fold
+    assert set().union(*left_out) == set(rows.index[rows["grid"] == "seq"])
+    assert "on 60 of 100 training rows" in choice.summary()
+    few = choose_beta(rows, fit, predict, scored=lambda r: (r["grid"] == "scan").to_numpy())
+    assert few.beta == 0.0 and few.reason == "40 probed training rows to score, too few for 5 folds"

@@ -43,6 +43,12 @@ def grid_of(samples: pd.DataFrame) -> pd.Series:
     return samples["grid"].fillna(BASE_GRID)
 
 
+def on_base_grid(samples: pd.DataFrame) -> np.ndarray:
+    """The rows of the powers-of-two grid: the ones the model interpolates between, as it does for
+    the held-out shapes (the period scan and the twins at seq - 1 are of another kind)."""
+    return (grid_of(samples) == BASE_GRID).to_numpy()
+
+
 def attention_flops(batch, heads, seq_q, seq_kv, head_dim, causal) -> np.ndarray:
     """QK^T and PV: 2 x 2 b h sq skv d FLOPs; half of them when causal."""
     f = 4.0 * np.asarray(batch, float) * np.asarray(heads) * np.asarray(seq_q) * np.asarray(seq_kv)

@@ -45,6 +45,7 @@ class ProbeChoice:
     reference_us: float | None = None  # the median probe reading the rows were scaled to
     cv_mean_rel_err: dict[float, float] = field(default_factory=dict)
     reason: str = ""
+    scored_rows: str = ""  # "N of M" where validation scored a subset of the training rows
 
     @property
     def how(self) -> str:
@@ -56,7 +57,8 @@ class ProbeChoice:
             return f"beta {self.beta:g}, not scaled ({self.reason})"
         cv = ", ".join(f"{b:g}: {100 * e:.1f} %" for b, e in self.cv_mean_rel_err.items())
         scaled_to = (f"scaled to a probe of {self.reference_us:.1f} us" if self.beta else "not scaled")
-        return (f"beta {self.beta:g} by {FOLDS}-fold cross-validation on the training rows "
+        rows = f"{self.scored_rows} training rows" if self.scored_rows else "the training rows"
+        return (f"beta {self.beta:g} by {FOLDS}-fold cross-validation on {rows} "
                 f"(mean |error| {cv}); {scaled_to}")
 
 
@@ -100,18 +102,24 @@ def fold_of(rows: pd.DataFrame, folds: int = FOLDS, seed: int = 0) -> np.ndarray
 
 
 def choose_beta(train: pd.DataFrame, fit: Callable, predict: Callable, betas=BETAS, folds: int = FOLDS,
-                seed: int = 0) -> ProbeChoice:
+                seed: int = 0, scored: Callable[[pd.DataFrame], np.ndarray] | None = None) -> ProbeChoice:
     """The beta in `betas` whose fits predict the left-out fold best (mean |relative error|,
     pooled over the folds; ties go to the smaller beta). `fit(rows) -> model` and
     `predict(model, rows) -> rows with predicted_us` are the model's own. Every fold is scaled to
-    the whole training set's median probe, so the candidates differ only in beta."""
+    the whole training set's median probe, so the candidates differ only in beta.
+    `scored(rows) -> bool mask` names the rows like the held-out ones (a model whose training
+    rows are mostly of another kind: attention's period scan and twins); the others are dealt
+    into no fold and train in every one. Default: every row is scored."""
     ok = probed(train)
     if not ok.any():
         return ProbeChoice(0.0, reason="no probe readings in the training rows")
-    if ok.sum() < folds * MIN_ROWS_PER_FOLD:
-        return ProbeChoice(0.0, reason=f"{int(ok.sum())} probed training rows, too few for {folds} folds")
+    score = np.ones(len(train), bool) if scored is None else np.asarray(scored(train), bool)
+    if (ok & score).sum() < folds * MIN_ROWS_PER_FOLD:
+        return ProbeChoice(0.0, reason=f"{int((ok & score).sum())} probed training rows to score, "
+                                       f"too few for {folds} folds")
     reference = float(np.median(train["probe_us"].to_numpy(float)[ok]))
-    fold = fold_of(train, folds, seed)
+    fold = np.full(len(train), -1)  # -1: in no fold's left-out part
+    fold[score] = fold_of(train[score], folds, seed)
     errors = {}
     for beta in betas:
         pooled = []
@@ -127,10 +135,11 @@ def choose_beta(train: pd.DataFrame, fit: Callable, predict: Callable, betas=BET
         e = np.concatenate(pooled)
         errors[float(beta)] = float(np.nanmean(e)) if np.isfinite(e).any() else float("inf")
     best = min(errors, key=lambda b: (errors[b], b))
-    return ProbeChoice(best, reference, errors)
+    return ProbeChoice(best, reference, errors, scored_rows="" if score.all() else f"{int(score.sum())} of {len(train)}")
 
 
-def fit_scaled(train: pd.DataFrame, fit: Callable, predict: Callable):
+def fit_scaled(train: pd.DataFrame, fit: Callable, predict: Callable,
+               scored: Callable[[pd.DataFrame], np.ndarray] | None = None):
     """(the model fitted on the training rows scaled with the beta cross-validation chose, the choice)."""
-    choice = choose_beta(train, fit, predict)
+    choice = choose_beta(train, fit, predict, scored=scored)
     return fit(scaled(train, choice.beta, choice.reference_us)), choice

@@ -274,6 +274,7 @@ def test_the_sweep_times_points_interleaved_and_writes_them_in_order(cpu, monkey
     monkeypatch.setattr(gemm, "gemm_callable", fake_callable)
     monkeypatch.setattr(gemm, "cpu_kernel_name", lambda fn: "cpu-kernel")
     monkeypatch.setattr(gemm, "cpu_tiles", lambda dev, profile, log=None: {})
+    monkeypatch.setattr(gemm, "peak_matmul_flops", lambda dev, dt, size: 1e11)
     profile = get_profile("tiny", "cpu")
     rows = gemm.sweep_gemm(cpu, profile, log=lambda *_: None)
     pts = gemm.sweep_points(cpu, profile, {})
@@ -313,3 +314,46 @@ def test_a_large_probed_tile_keeps_sub_wave_shapes_for_atens_loop(cpu):
     assert [p for p in big if p.dtype == "float32"] == [p for p in same if p.dtype == "float32"]
     assert not [p for p in same if (p.op, p.dtype) == ("mm", "bfloat16") and p.m * p.n < 32 * 16
                 and p not in big]
+
+
+def test_points_over_the_call_budget_at_their_dtypes_rate_are_left_out():
+    from pipeline.sweeps.gemm_points import GemmPoint, within_call_budget
+
+    pts = [GemmPoint("mm", dt, 1, 1000, 1000, k, False) for dt in ("float32", "bfloat16", "float16")
+           for k in (1, 100, 1000)]  # 2e6, 2e8, 2e9 FLOPs
+    kept, dropped = within_call_budget(pts, {"float32": 1e11, "bfloat16": 1e9}, 0.5)
+    assert [(p.dtype, p.k) for p in kept] == [("float32", 1), ("float32", 100), ("float32", 1000),
+                                              ("bfloat16", 1), ("bfloat16", 100),  # 0.2 s a call
+                                              ("float16", 1), ("float16", 100), ("float16", 1000)]  # no rate
+    assert dropped == {"bfloat16": 1}
+    assert within_call_budget(pts, {}, 0.5) == (pts, {})
+
+
+def test_the_cpu_sweep_leaves_out_what_a_dtype_run_in_software_cannot_time_in_budget(cpu, monkeypatch):
+    """bf16 on a CPU without bf16 instructions ran 110x slower than float32 (AMD EPYC family 25
+    model 1): the sweep measures each dtype's rate and leaves its over-budget points out, saying so."""
+    from dataclasses import replace
+
+    from pipeline.harness.timer import Measurement
+    from pipeline.sweeps import gemm
+    from pipeline.sweeps.profiles import get_profile
+
+    timed, said = [], []
+    monkeypatch.setattr(gemm, "measure", lambda fn, *a, **k: Measurement(times_us=np.ones(3), cpu_util=1.0))
+    monkeypatch.setattr(gemm, "cpu_kernel_name", lambda fn: "cpu-kernel")
+    monkeypatch.setattr(gemm, "cpu_tiles", lambda dev, profile, log=None: {})
+
+    def fake_callable(op, dtype, b, m, n, k, device):
+        timed.append((dtype, 2 * b * m * n * k))
+        return lambda: None
+
+    monkeypatch.setattr(gemm, "gemm_callable", fake_callable)
+    monkeypatch.setattr(gemm, "peak_matmul_flops", lambda dev, dt, size: {"float32": 1e11, "bfloat16": 1e6}[dt])
+    profile = replace(get_profile("tiny", "cpu"), gemm_max_call_s=0.01)  # bf16: 1e4 FLOPs a call
+    rows = gemm.sweep_gemm(cpu, profile, log=said.append)
+    every = gemm.sweep_points(cpu, profile, {})
+    big_bf16 = [p for p in every if p.dtype == "bfloat16" and 2 * p.batch * p.m * p.n * p.k > 1e4]
+    assert big_bf16 and len(rows) == len(every) - len(big_bf16)
+    assert all(f <= 1e4 for dt, f in timed if dt == "bfloat16") and any(dt == "bfloat16" for dt, _ in timed)
+    assert sum(1 for r in rows if r["dtype"] == "float32") == sum(1 for p in every if p.dtype == "float32")
+    assert any(f"{len(big_bf16)} bfloat16 points over 0.01 s a call" in s for s in said)

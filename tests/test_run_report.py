@@ -197,3 +197,10 @@ class TablesWarehouse:
 
     def query(self, sql, params=None):
         return next(t for name, t in self.have.items() if f"FROM {name}" in sql)
+
+
+def test_peaks_below_a_tflop_read_in_gflops():
+    from pipeline.analysis.report import _fmt_flops
+
+    assert _fmt_flops(1.2e14) == "120.00 TFLOP/s" and _fmt_flops(1.1e11) == "110 GFLOP/s"
+    assert _fmt_flops(1.03e9) == "1.03 GFLOP/s" and _fmt_flops(None) == "-"

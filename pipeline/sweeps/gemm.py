@@ -8,6 +8,7 @@ import numpy as np
 from pipeline.core.dtypes import dtypes_for
 from pipeline.core.ops import GEMM_OPS
 from pipeline.device.discover import DeviceIdentity
+from pipeline.device.peaks import peak_matmul_flops
 from pipeline.harness.dtypes import torch_dtype
 from pipeline.harness.order import interleaved
 from pipeline.harness.page_faults import fault_us_per_page
@@ -20,7 +21,7 @@ from pipeline.harness.timer import measure
 from pipeline.predict.gemm_grids import COLD_GRIDS
 from pipeline.predict.geometry import blocks, waves
 from pipeline.sweeps.cpu_kernels import cpu_kernel_name
-from pipeline.sweeps.gemm_points import GemmPoint, cold_points, slots_for, sweep_points, tile_of
+from pipeline.sweeps.gemm_points import GemmPoint, cold_points, slots_for, sweep_points, tile_of, within_call_budget
 from pipeline.sweeps.profiles import Profile
 
 LAYOUT = {"mm": "NN", "bmm": "NN", "linear": "TN"}
@@ -141,6 +142,8 @@ def sweep_gemm(dev: DeviceIdentity, profile: Profile, log=None) -> list[dict]:
         faults["weight_cache_bytes"] = float(cache)
     pts = sweep_points(dev, profile, tiles)
     pts += cold_points(dev, profile, cache, [p for p in pts if p.held_out])
+    if dev.kind == "cpu":
+        pts = _within_call_budget(pts, dev, profile, log)
     slots = slots_for(dev)
     # each rotation passes the weight cache four times over, within the pool the probe allocated
     rotation = min(4 * cache, pool.nbytes) if cache else 0
@@ -187,6 +190,25 @@ def sweep_gemm(dev: DeviceIdentity, profile: Profile, log=None) -> list[dict]:
                            profile.gemm_repeats_per_group)
     retime(rows, makers, picked, profile.gemm_timing, dev.torch_device, dev.l2_bytes or 0, prog.log)
     return rows
+
+
+# the square matmul each dtype's rate is read from: large enough to run at the dtype's speed,
+# small enough to take ~0.3 s where it runs in software (ATen's bf16 loop at 1 GFLOP/s)
+RATE_SIZE = 512
+
+
+def _within_call_budget(pts: list[GemmPoint], dev: DeviceIdentity, profile: Profile, log=None) -> list[GemmPoint]:
+    """The points whose one call fits `profile.gemm_max_call_s` at their dtype's rate, measured
+    here: what a dtype costs on this CPU (bf16 in hardware or in a scalar loop) is not assumed."""
+    rates = {dt: peak_matmul_flops(dev, dt, RATE_SIZE) for dt in dtypes_for(dev.kind)}
+    kept, dropped = within_call_budget(pts, rates, profile.gemm_max_call_s)
+    if log:
+        said = ", ".join(f"{dt} {r / 1e9:.1f}" for dt, r in rates.items())
+        log(f"matmul rates at {RATE_SIZE}^3: {said} GFLOP/s"
+            + "".join(f"; {n} {dt} points over {profile.gemm_max_call_s:g} s a call "
+                      f"(> {rates[dt] * profile.gemm_max_call_s:.2g} FLOPs) left out, filled at fit time"
+                      for dt, n in dropped.items()))
+    return kept
 
 
 def _revisit_kept(rows: list[dict], pts: list[GemmPoint], profile: Profile, dev: DeviceIdentity) -> None:

@@ -65,6 +65,12 @@ class Profile:
     # its measured time. A CPU GEMM of 4e10 FLOPs takes ~0.1 s, so these rows are few and cheap.
     max_wave_flops: float | None = None
     max_aspect_flops: float | None = None
+    # CPU: the longest one call of a GEMM point may take at its dtype's rate, measured at the
+    # start of the sweep (sweeps/gemm.py). The FLOP caps assume the dtype runs in hardware; a CPU
+    # without bf16 instructions runs it in ATen's scalar loop (AMD EPYC family 25 model 1, AVX2:
+    # 1.0 GFLOP/s against float32's 110), where the 4e10-FLOP cells took 40 s a call and the
+    # quick sweep's estimate passed four hours. Points over it are left out and filled at fit time.
+    gemm_max_call_s: float = 0.5
     # CPU only: the aspect K at which the unaligned twins are timed (None: the smallest)
     gemm_twin_k: int | None = None
     # CPU only: time the aspect grid's mm and linear cells at its largest K (and the held-out
@@ -216,7 +222,8 @@ def get_profile(name: str, kind: str = "cpu") -> Profile:
     shrink = min(scale, 1.0)  # a scale above 1 buys repetitions, never a larger grid
     caps = dict(max_point_flops=prof.max_point_flops * shrink,
                 max_wave_flops=prof.max_wave_flops and prof.max_wave_flops * shrink,
-                max_aspect_flops=prof.max_aspect_flops and prof.max_aspect_flops * shrink)
+                max_aspect_flops=prof.max_aspect_flops and prof.max_aspect_flops * shrink,
+                gemm_max_call_s=prof.gemm_max_call_s * shrink)
     return replace(prof, stall_wait_s=prof.stall_wait_s * scale,  # and a workload step's counts here
                    workload_warmup=max(1, round(prof.workload_warmup * scale)),
                    workload_reps=max(3, round(prof.workload_reps * scale)),

@@ -23,9 +23,12 @@ def test_a_quicker_second_visit_replaces_the_row_and_the_first_is_kept_beside_it
     makers = [lambda i=i: (lambda: i) for i in range(3)]
     # row 0 was timed in a spell; row 1's second visit lands in one; row 2's second visit stalls
     _scripted(monkeypatch, {0: (60.0, 2.0), 1: (150.0, 2.0), 2: (50.0, 0.1)})
-    assert rv.revisit(rows, makers, SPEC, "cpu", visits=2) == 1
+    said = []
+    assert rv.revisit(rows, makers, SPEC, "cpu", visits=2, log=said.append) == 1
     assert [r["median_us"] for r in rows] == [60.0, 100.0, 100.0]
     assert all(r["first_us"] == 100.0 and r["visits"] == 2 for r in rows)
+    # the pass says where it is (the last point always), then what it replaced
+    assert said[-2].startswith("[visit 2 of 2] 3/3 (100%)") and said[-1].endswith("quicker for 1/3")
 
 
 def test_one_visit_or_a_gpu_times_nothing_again(monkeypatch):

@@ -325,8 +325,8 @@ def test_points_over_the_call_budget_at_their_dtypes_rate_are_left_out():
     assert [(p.dtype, p.k) for p in kept] == [("float32", 1), ("float32", 100), ("float32", 1000),
                                               ("bfloat16", 1), ("bfloat16", 100),  # 0.2 s a call
                                               ("float16", 1), ("float16", 100), ("float16", 1000)]  # no rate
-    assert dropped == {"bfloat16": 1}
-    assert within_call_budget(pts, {}, 0.5) == (pts, {})
+    assert [(p.dtype, p.k) for p in dropped] == [("bfloat16", 1000)]
+    assert within_call_budget(pts, {}, 0.5) == (pts, [])
 
 
 def test_the_cpu_sweep_leaves_out_what_a_dtype_run_in_software_cannot_time_in_budget(cpu, monkeypatch):
@@ -348,7 +348,8 @@ def test_the_cpu_sweep_leaves_out_what_a_dtype_run_in_software_cannot_time_in_bu
         return lambda: None
 
     monkeypatch.setattr(gemm, "gemm_callable", fake_callable)
-    monkeypatch.setattr(gemm, "peak_matmul_flops", lambda dev, dt, size: {"float32": 1e11, "bfloat16": 1e6}[dt])
+    readings = {"float32": iter([5e10, 1e11]), "bfloat16": iter([1e6, 5e5])}  # the quicker of two is the rate
+    monkeypatch.setattr(gemm, "peak_matmul_flops", lambda dev, dt, size: next(readings[dt]))
     profile = replace(get_profile("tiny", "cpu"), gemm_max_call_s=0.01)  # bf16: 1e4 FLOPs a call
     rows = gemm.sweep_gemm(cpu, profile, log=said.append)
     every = gemm.sweep_points(cpu, profile, {})
@@ -356,4 +357,13 @@ def test_the_cpu_sweep_leaves_out_what_a_dtype_run_in_software_cannot_time_in_bu
     assert big_bf16 and len(rows) == len(every) - len(big_bf16)
     assert all(f <= 1e4 for dt, f in timed if dt == "bfloat16") and any(dt == "bfloat16" for dt, _ in timed)
     assert sum(1 for r in rows if r["dtype"] == "float32") == sum(1 for p in every if p.dtype == "float32")
-    assert any(f"{len(big_bf16)} bfloat16 points over 0.01 s a call" in s for s in said)
+    held = sum(p.held_out for p in big_bf16)
+    assert f"{len(big_bf16)} bfloat16 points over 0.01 s a call left out: {len(big_bf16) - held} of the grids " \
+           f"(filled at fit time), {held} held-out (not scored)" in said
+    assert any(s.startswith("matmul rates at 512^3, the quicker of two readings: float32 100 GFLOP/s") for s in said)
+
+
+def test_the_full_profile_allows_ten_times_the_quick_ones_call_budget():
+    from pipeline.sweeps.profiles import get_profile
+
+    assert get_profile("quick").gemm_max_call_s == 0.5 and get_profile("full").gemm_max_call_s == 5.0

@@ -204,3 +204,4 @@ def test_peaks_below_a_tflop_read_in_gflops():
 
     assert _fmt_flops(1.2e14) == "120.00 TFLOP/s" and _fmt_flops(1.1e11) == "110 GFLOP/s"
     assert _fmt_flops(1.03e9) == "1.03 GFLOP/s" and _fmt_flops(None) == "-"
+    assert _fmt_flops(999.7e9) == "1.00 TFLOP/s" and _fmt_flops(999.4e9) == "999 GFLOP/s"

@@ -12,7 +12,7 @@ def _fmt_flops(x) -> str:
     """TFLOP/s, or GFLOP/s below one (a CPU's bf16 in software: 0.001 TFLOP/s read "0.00")."""
     if not _present(x):
         return "-"
-    return f"{x / 1e12:.2f} TFLOP/s" if x >= 1e12 else f"{x / 1e9:.3g} GFLOP/s"
+    return f"{x / 1e12:.2f} TFLOP/s" if x >= 999.5e9 else f"{x / 1e9:.3g} GFLOP/s"
 
 
 def render_summary(warehouse, device: str, run_id: str | None = None) -> str:

@@ -227,14 +227,12 @@ def sweep_points(dev: DeviceIdentity, profile: Profile,
 
 
 def within_call_budget(pts: list[GemmPoint], rates: dict[str, float],
-                       max_call_s: float) -> tuple[list[GemmPoint], dict[str, int]]:
-    """The points one call of which takes at most `max_call_s` at its dtype's measured FLOP/s
-    (`rates`; a dtype without a rate keeps all its points), and how many each dtype lost."""
-    kept, dropped = [], {}
+                       max_call_s: float) -> tuple[list[GemmPoint], list[GemmPoint]]:
+    """(the points one call of which takes at most `max_call_s` at its dtype's measured FLOP/s
+    (`rates`; a dtype without a rate keeps all its points), the points left out)."""
+    kept, dropped = [], []
     for p in pts:
         rate = rates.get(p.dtype)
-        if rate and 2.0 * p.batch * p.m * p.n * p.k / rate > max_call_s:
-            dropped[p.dtype] = dropped.get(p.dtype, 0) + 1
-        else:
-            kept.append(p)
+        over = rate and 2.0 * p.batch * p.m * p.n * p.k / rate > max_call_s
+        (dropped if over else kept).append(p)
     return kept, dropped

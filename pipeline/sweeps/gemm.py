@@ -168,7 +168,7 @@ def sweep_gemm(dev: DeviceIdentity, profile: Profile, log=None) -> list[dict]:
             "op": p.op, "dtype": p.dtype, "layout": LAYOUT[p.op], "batch": p.batch, "m": p.m, "n": p.n, "k": p.k,
             "kernel": kernel, "tile_m": tm, "tile_n": tn, "split_k": 1 if dev.kind == "cpu" else None, "slots": slots,
             "blocks": int(blocks(p.m, p.n, p.batch, tm, tn)), "waves": int(waves(p.m, p.n, p.batch, tm, tn, slots)),
-            "flops": 2 * p.batch * p.m * p.n * p.k, "held_out": p.held_out, "grid": p.grid,
+            "flops": p.flops, "held_out": p.held_out, "grid": p.grid,
             **meas.row(profile.gemm_timing.cv_threshold), **faults,
         }
         if dev.kind == "cpu" and p.grid not in COLD_GRIDS and output_faulted(

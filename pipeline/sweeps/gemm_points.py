@@ -39,6 +39,10 @@ class GemmPoint:
     held_out: bool
     grid: str = "waves"  # "waves" (PM2Lat's whole-wave grid), "aspect" (CPU: off its diagonal), "batch", "heldout"
 
+    @property
+    def flops(self) -> int:
+        return 2 * self.batch * self.m * self.n * self.k
+
 
 def slots_for(dev: DeviceIdentity) -> int:
     return int(dev.sm_count if dev.kind == "cuda" else dev.threads or 1)
@@ -233,6 +237,6 @@ def within_call_budget(pts: list[GemmPoint], rates: dict[str, float],
     kept, dropped = [], []
     for p in pts:
         rate = rates.get(p.dtype)
-        over = rate and 2.0 * p.batch * p.m * p.n * p.k / rate > max_call_s
+        over = rate and p.flops / rate > max_call_s
         (dropped if over else kept).append(p)
     return kept, dropped

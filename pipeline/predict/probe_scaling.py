@@ -114,9 +114,9 @@ def choose_beta(train: pd.DataFrame, fit: Callable, predict: Callable, betas=BET
     if not ok.any():
         return ProbeChoice(0.0, reason="no probe readings in the training rows")
     score = np.ones(len(train), bool) if scored is None else np.asarray(scored(train), bool)
-    if (ok & score).sum() < folds * MIN_ROWS_PER_FOLD:
-        return ProbeChoice(0.0, reason=f"{int((ok & score).sum())} probed training rows to score, "
-                                       f"too few for {folds} folds")
+    to_score = int((ok & score).sum())
+    if to_score < folds * MIN_ROWS_PER_FOLD:
+        return ProbeChoice(0.0, reason=f"{to_score} probed training rows to score, too few for {folds} folds")
     reference = float(np.median(train["probe_us"].to_numpy(float)[ok]))
     fold = np.full(len(train), -1)  # -1: in no fold's left-out part
     fold[score] = fold_of(train[score], folds, seed)

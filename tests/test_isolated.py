@@ -26,12 +26,20 @@ def test_the_child_states_its_allocator():
     from pipeline.workloads.dlrm import QUICK_CONFIGS
 
     ddp = next(s for s in QUICK_CONFIGS if s.name.startswith("dlrm_ddp"))
-    adapted = measure_in_child("dlrm", ddp, 512, 0, "float32", threads=1, warmup=3, reps=5)
-    fresh = measure_in_child("dlrm", ddp, 512, 0, "float32", threads=1, warmup=3, reps=5, allocator="fresh")
     # measured on the Xeon VM (2026-11-27, six pairs): adapted 3-149 faults a step, fresh 1672-2696;
-    # a factor of 10 failed once in a fast-tier run there
-    assert fresh.faults_per_call > 5 * max(adapted.faults_per_call, 20.0), (fresh.faults_per_call,
-                                                                           adapted.faults_per_call)
+    # a factor of 10 failed once in a fast-tier run there. On the Zen 3 EPYC VM (2026-11-28) one
+    # pair of a fast-tier run read fresh 30.8 against adapted 80.2, the next eight pairs fresh
+    # 1373-2599 against 0-157: so a second pair is taken when the first shows no contrast, as
+    # the harness re-measures a noisy row. Both states alike would fail both pairs.
+    pairs = []
+    for _ in range(2):
+        adapted = measure_in_child("dlrm", ddp, 512, 0, "float32", threads=1, warmup=3, reps=5)
+        fresh = measure_in_child("dlrm", ddp, 512, 0, "float32", threads=1, warmup=3, reps=5, allocator="fresh")
+        pairs.append((fresh.faults_per_call, adapted.faults_per_call))
+        if fresh.faults_per_call > 5 * max(adapted.faults_per_call, 20.0):
+            break
+    else:
+        pytest.fail(f"the fresh child faulted no more than the adapted one (fresh, adapted per step): {pairs}")
     with pytest.raises(DevcharError, match="unknown allocator state 'warm'"):
         measure_in_child("dlrm", ddp, 512, 0, "float32", threads=1, warmup=3, reps=5, allocator="warm")
 

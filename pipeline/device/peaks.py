@@ -8,6 +8,11 @@ from pipeline.harness.dtypes import torch_dtype
 from pipeline.harness.timer import TimingSpec, measure
 
 _SPEC = TimingSpec(warmup_s=0.05, budget_s=0.3, min_reps=5, max_reps=200)
+# The CPU peak's square size doubles from 256 towards 1024 while one call at the next size (8x
+# the FLOPs) would take at most this long. A dtype the CPU runs in software (bf16 on the AVX2
+# EPYC, ATen's scalar loop at ~1.3 GFLOP/s) took 1.6 s a call at 1024^3, ~11 s of every
+# device_spec, for a rate 512^3 reads as well; hardware float32 reaches 1024 on every CPU seen.
+PEAK_MAX_CALL_S = 0.1
 
 
 def peak_matmul_flops(dev: DeviceIdentity, dtype: str, size: int | None = None) -> float:
@@ -21,6 +26,30 @@ def peak_matmul_flops(dev: DeviceIdentity, dtype: str, size: int | None = None) 
     b = torch.randn(n, n, dtype=torch_dtype(dtype), device=dev.torch_device)
     m = measure(lambda: torch.mm(a, b), _SPEC, dev.torch_device)
     return 2.0 * n**3 / (m.median_us * 1e-6)
+
+
+def cpu_peak_size(call_s, target: int = 1024, start: int = 256) -> int:
+    """The largest square size, doubling from `start` to `target`, reached while one call at the
+    next size would take at most PEAK_MAX_CALL_S; `call_s(n)` times one call at n."""
+    n = start
+    while n < target and 8 * call_s(n) <= PEAK_MAX_CALL_S:
+        n *= 2
+    return n
+
+
+def _one_call_s(dev: DeviceIdentity, dtype: str, n: int) -> float:
+    """Seconds of one n^3 matmul, the quicker of two calls (the first may pay a lazy init)."""
+    import time
+
+    import torch
+
+    a = torch.randn(n, n, dtype=torch_dtype(dtype), device=dev.torch_device)
+    out = []
+    for _ in range(2):
+        t0 = time.perf_counter()
+        torch.mm(a, a)
+        out.append(time.perf_counter() - t0)
+    return min(out)
 
 
 def copy_bandwidth_gbps(dev: DeviceIdentity, nbytes: int | None = None) -> float:
@@ -38,9 +67,12 @@ def device_row(dev: DeviceIdentity, quick: bool = True) -> dict:
     """The `devices` table row: identity plus measured peaks (null where a dtype does not apply)."""
     row = dev.as_row()
     row["name"] = dev.slug
-    size = 1024 if (quick and dev.kind == "cpu") else None
     for dt in ("float32", "tf32", "bfloat16", "float16"):
-        row[f"peak_flops_{dt}"] = peak_matmul_flops(dev, dt, size) if dt in dtypes_for(dev.kind) else None
+        if dt not in dtypes_for(dev.kind):
+            row[f"peak_flops_{dt}"] = None
+            continue
+        size = cpu_peak_size(lambda n: _one_call_s(dev, dt, n)) if quick and dev.kind == "cpu" else None
+        row[f"peak_flops_{dt}"] = peak_matmul_flops(dev, dt, size)
     row["bandwidth_gbps"] = copy_bandwidth_gbps(dev)
     if dev.kind == "cpu":  # a GPU's caching allocator keeps freed blocks: nothing to free per step
         from pipeline.harness.free_cost import free_cost

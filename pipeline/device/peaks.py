@@ -10,8 +10,10 @@ from pipeline.harness.timer import TimingSpec, measure
 _SPEC = TimingSpec(warmup_s=0.05, budget_s=0.3, min_reps=5, max_reps=200)
 # The CPU peak's square size doubles from 256 towards 1024 while one call at the next size (8x
 # the FLOPs) would take at most this long. A dtype the CPU runs in software (bf16 on the AVX2
-# EPYC, ATen's scalar loop at ~1.3 GFLOP/s) took 1.6 s a call at 1024^3, ~11 s of every
-# device_spec, for a rate 512^3 reads as well; hardware float32 reaches 1024 on every CPU seen.
+# EPYC, ATen's scalar loop) took 1.6 s a call at 1024^3 and device_row 31 s; it now stops at
+# 256^3 (26 ms a call), which read 1.35 GFLOP/s there against 0.79 at 1024^3. Hardware float32
+# reaches 1024 on every CPU seen (one call at 512^3: 2-4 ms; a spell would have to slow it ~3x
+# to stop it at 512). Which size was used is not recorded in the row.
 PEAK_MAX_CALL_S = 0.1
 
 
@@ -33,7 +35,7 @@ def cpu_peak_size(call_s, target: int = 1024, start: int = 256) -> int:
     next size would take at most PEAK_MAX_CALL_S; `call_s(n)` times one call at n."""
     n = start
     while n < target and 8 * call_s(n) <= PEAK_MAX_CALL_S:
-        n *= 2
+        n = min(2 * n, target)
     return n
 
 

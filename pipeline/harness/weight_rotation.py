@@ -93,7 +93,10 @@ def knee(sizes: list[int], times: list[float], min_contrast: float = MIN_CONTRAS
     """The pool size at which the time crosses half-way from the hot level (the two smallest
     pools) to the cold one (the two largest), log-linear between the two sizes around the
     crossing: the doubling steps alone made one VM's cache 64 MB in one sweep and 128 MB in the
-    next. None when the largest pools are not `min_contrast` slower: no cache the probe saw past."""
+    next. None when the largest pools are not `min_contrast` slower: no cache the probe saw past;
+    nor when a pool past the crossing reads within `min_contrast` of the hot level: a larger
+    pool cannot run as fast as the cache, so the contrast was noise (the Zen 3 EPYC VM once read
+    2597, 2579, 2956, 2759, 2459, 2894, 2551, 2702, 3040 us from 1 to 256 MB, a "3 MB" cache)."""
     t = np.asarray(times, float)
     if len(t) < 4:
         return None
@@ -103,6 +106,8 @@ def knee(sizes: list[int], times: list[float], min_contrast: float = MIN_CONTRAS
     mid = hot + 0.5 * (cold - hot)
     over = np.flatnonzero(t > mid)
     i = int(over[0]) if over.size else len(t) - 1
+    if np.any(t[i:] < min_contrast * hot):
+        return None
     if i == 0:
         return int(sizes[0])
     frac = float(np.clip((mid - t[i - 1]) / max(t[i] - t[i - 1], 1e-12), 0.0, 1.0))

@@ -22,12 +22,13 @@ run: $(STAMP)
 
 # Fast tier (unit tests and tiny-profile integration); `make test-all` adds the slow tier
 # (quick-profile materializations), marked `slow`. Tests marked `gpu` skip without CUDA.
+# --durations: the slowest tests close each log, where the suite's time goes on CI's machine
 test: $(STAMP)
 	$(VENV)/bin/lint-imports --no-cache
-	$(PY) -m pytest -q -m "not slow"
+	$(PY) -m pytest -q -m "not slow" --durations=15
 
 test-slow: $(STAMP)
-	$(PY) -m pytest -q -m slow
+	$(PY) -m pytest -q -m slow --durations=15
 
 test-all: test test-slow
 

@@ -399,7 +399,10 @@ def _clocked_sweep(cpu, monkeypatch, call_s, **profile_changes):
         return Measurement(times_us=np.ones(3), cpu_util=1.0)
 
     monkeypatch.setattr(gemm, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
-    monkeypatch.setattr(gemm, "measure", fake_measure)
+    from pipeline.harness import repeat, revisit, stalls, suspects
+
+    for module in (gemm, revisit, suspects, stalls, repeat):  # every visit's timing, none of them real
+        monkeypatch.setattr(module, "measure", fake_measure)
     monkeypatch.setattr(gemm, "cpu_kernel_name", fake_name)
     monkeypatch.setattr(gemm, "cpu_tiles", lambda dev, profile, log=None: {})
     monkeypatch.setattr(gemm, "gemm_callable", fake_callable)

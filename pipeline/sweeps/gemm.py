@@ -186,7 +186,7 @@ def sweep_gemm(dev: DeviceIdentity, profile: Profile, log=None) -> list[dict]:
             rows[i]["kept_us"] = _kept_us(p, profile, dev)
         prog.step(f"{p.op} {p.dtype} b={p.batch} {p.m}x{p.n}x{p.k}")
     if too_slow:
-        _say_too_slow([(pts[i], s) for i, s in too_slow.items()], profile, log)
+        _say_too_slow({pts[i]: s for i, s in too_slow.items()}, profile, log)
         pts = [p for i, p in enumerate(pts) if i not in too_slow]
         rows = [r for i, r in enumerate(rows) if i not in too_slow]
     makers = [lambda p=p: make(p) for p in pts]
@@ -223,12 +223,19 @@ def _within_call_budget(pts: list[GemmPoint], dev: DeviceIdentity, profile: Prof
     if log:
         said = ", ".join(f"{dt} {r / 1e9:.3g} GFLOP/s (up to {r * budget:.2g} FLOPs a point)" for dt, r in rates.items())
         log(f"matmul rates at {RATE_SIZE}^3, the quicker of two readings: {said} at {budget:g} s a call")
-        for dt in sorted({p.dtype for p in dropped}):
-            mine = [p for p in dropped if p.dtype == dt]
-            held = sum(p.held_out for p in mine)
-            log(f"{len(mine)} {dt} points over {budget:g} s a call left out: {len(mine) - held} of the grids "
-                f"(filled at fit time), {held} held-out (not scored)")
+        for dt, mine in _by_dtype(dropped).items():
+            log(f"{len(mine)} {dt} points over {budget:g} s a call left out: {_left_out(mine)}")
     return kept
+
+
+def _by_dtype(pts: list[GemmPoint]) -> dict[str, list[GemmPoint]]:
+    return {dt: [p for p in pts if p.dtype == dt] for dt in sorted({p.dtype for p in pts})}
+
+
+def _left_out(pts: list[GemmPoint]) -> str:
+    """What leaving `pts` out costs: grid cells the fit fills, held-out shapes not scored."""
+    held = sum(p.held_out for p in pts)
+    return f"{len(pts) - held} of the grids (filled at fit time), {held} held-out (not scored)"
 
 
 def _over_budget(fn, first_s: float, limit_s: float) -> float | None:
@@ -243,7 +250,7 @@ def _over_budget(fn, first_s: float, limit_s: float) -> float | None:
     return quicker if quicker > limit_s else None
 
 
-def _say_too_slow(slow: list[tuple[GemmPoint, float]], profile: Profile, log=None) -> None:
+def _say_too_slow(slow: dict[GemmPoint, float], profile: Profile, log=None) -> None:
     """The log line for the points whose first two calls both ran over twice the call budget.
     The rate at 512^3 misjudges some shapes: the AVX2 EPYC's bf16 ran skinny GEMMs (4 x 65536 x
     1024) at 0.27 GFLOP/s against 1.3 there, and 29 points the rate let in took 0.5-2 s a call
@@ -251,12 +258,9 @@ def _say_too_slow(slow: list[tuple[GemmPoint, float]], profile: Profile, log=Non
     lost to a slow spell."""
     if not log:
         return
-    for dt in sorted({p.dtype for p, _ in slow}):
-        mine = [(p, s) for p, s in slow if p.dtype == dt]
-        held = sum(p.held_out for p, _ in mine)
+    for dt, mine in _by_dtype(list(slow)).items():
         log(f"{len(mine)} {dt} points left out after two calls over {2 * profile.gemm_max_call_s:g} s "
-            f"(twice the budget; the slowest {max(s for _, s in mine):.2g} s): {len(mine) - held} of the grids "
-            f"(filled at fit time), {held} held-out (not scored)")
+            f"(twice the budget; the slowest {max(slow[p] for p in mine):.2g} s): {_left_out(mine)}")
 
 
 def _revisit_kept(rows: list[dict], pts: list[GemmPoint], profile: Profile, dev: DeviceIdentity) -> None:

@@ -1,8 +1,8 @@
-"""A small MLP the baselines share: trained with scikit-learn, saved and run as plain numpy.
+"""A small MLP the baselines share: trained, saved and run as plain numpy.
 
-Training uses sklearn's MLPRegressor (relu hidden layers, identity output, MSE loss); its
-weights and our input/output standardisation are exported to plain lists, so a saved model
-predicts with one chain of matrix products and needs neither sklearn nor pickle.
+Training (mlp_train.py) follows scikit-learn's MLPRegressor: relu hidden layers, identity
+output, MSE loss. The weights and our input/output standardisation are saved as plain lists,
+so a saved model predicts with one chain of matrix products and needs no pickle.
 
 The grid search follows the DLRM paper's Table II (section III-B2): hidden layers, neurons
 per layer, optimizer (SGD's learning rate scaled by 10), learning rate; the configuration
@@ -10,21 +10,21 @@ with the lowest error on a validation split carved from the *training* rows is k
 refitted on all training rows.
 
 The searches of one baseline's (op, dtype) groups are independent: search_all runs them in
-worker processes, one per core (DEVCHAR_FIT_JOBS overrides). sklearn's training of these small
-networks runs on one core whatever its thread pools are given, so processes are what use the
+worker processes, one per core (DEVCHAR_FIT_JOBS overrides). Training these small networks
+is Python-bound on one core whatever the BLAS's thread pool, so processes are what use the
 rest. Each search seeds its own split and training, so the result does not depend on the count.
 """
 from __future__ import annotations
 
 import itertools
 import os
-import warnings
 from dataclasses import dataclass
 from typing import Callable, Hashable
 
 import numpy as np
 
 from pipeline.core.cores import usable_cores
+from pipeline.predict.mlp_train import fit_mlp
 
 # DLRM paper, Table II.
 FULL_GRID = {"layers": [3, 4, 5, 6, 7], "neurons": [128, 256, 512, 1024], "solver": ["adam", "sgd"],
@@ -60,27 +60,21 @@ def _standardise(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return mean, np.where(std > 0, std, 1.0)
 
 
-def train(X: np.ndarray, y: np.ndarray, cfg: MLPConfig, seed: int = 0):
-    """Fit an MLPRegressor on standardised X and y; returns (regressor, params dict)."""
-    from sklearn.exceptions import ConvergenceWarning
-    from sklearn.neural_network import MLPRegressor
-
+def train(X: np.ndarray, y: np.ndarray, cfg: MLPConfig, seed: int = 0) -> dict:
+    """Fit the MLP of `cfg` on standardised X and y (mlp_train.fit_mlp); returns its params dict.
+    Raises ValueError (DivergedError) when the run diverges."""
     X, y = np.asarray(X, float), np.asarray(y, float)
     x_mean, x_std = _standardise(X)
     y_mean, y_std = _standardise(y[:, None])
-    reg = MLPRegressor(hidden_layer_sizes=(cfg.neurons,) * cfg.layers, activation="relu", solver=cfg.solver,
-                       learning_rate_init=cfg.lr * (10.0 if cfg.solver == "sgd" else 1.0), max_iter=cfg.epochs,
-                       batch_size=min(64, len(y)), random_state=seed, tol=1e-6, n_iter_no_change=15)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", ConvergenceWarning)
-        warnings.simplefilter("ignore", RuntimeWarning)  # overflow in a diverging SGD run
-        reg.fit((X - x_mean) / x_std, (y - y_mean[0]) / y_std[0])
-    params = {"x_mean": x_mean.tolist(), "x_std": x_std.tolist(), "y_mean": float(y_mean[0]),
-              "y_std": float(y_std[0]), "coefs": [c.tolist() for c in reg.coefs_],
-              "intercepts": [b.tolist() for b in reg.intercepts_],
-              "config": {"layers": cfg.layers, "neurons": cfg.neurons, "solver": cfg.solver, "lr": cfg.lr,
-                         "epochs": cfg.epochs}}
-    return reg, params
+    with np.errstate(all="ignore"):  # a diverging run overflows on its way to DivergedError
+        coefs, intercepts, _ = fit_mlp((X - x_mean) / x_std, (y - y_mean[0]) / y_std[0], (cfg.neurons,) * cfg.layers,
+                                       cfg.solver, cfg.lr * (10.0 if cfg.solver == "sgd" else 1.0), cfg.epochs,
+                                       batch_size=64, seed=seed)
+    return {"x_mean": x_mean.tolist(), "x_std": x_std.tolist(), "y_mean": float(y_mean[0]),
+            "y_std": float(y_std[0]), "coefs": [c.tolist() for c in coefs],
+            "intercepts": [b.tolist() for b in intercepts],
+            "config": {"layers": cfg.layers, "neurons": cfg.neurons, "solver": cfg.solver, "lr": cfg.lr,
+                       "epochs": cfg.epochs}}
 
 
 class Net:
@@ -94,7 +88,7 @@ class Net:
         self.b = [np.array(b, float) for b in params["intercepts"]]
 
     def raw(self, X: np.ndarray) -> np.ndarray:
-        """Network output in standardised units (what sklearn's predict returns)."""
+        """Network output in standardised units (what training fitted)."""
         h = (np.asarray(X, float) - self.x_mean) / self.x_std
         for W, b in zip(self.W[:-1], self.b[:-1]):
             h = np.maximum(h @ W + b, 0.0)
@@ -130,14 +124,14 @@ def search(X: np.ndarray, y: np.ndarray, decode: Callable[[np.ndarray, np.ndarra
     if len(val):  # one candidate is scored too: its val_rel_err is what a caller compares with another model's
         for cfg in cands:
             try:
-                _, p = train(X[tr], y[tr], cfg, seed)
-            except ValueError:  # sklearn refuses non-finite weights from a diverging run
+                p = train(X[tr], y[tr], cfg, seed)
+            except ValueError:  # a diverging run (too high a learning rate)
                 continue
             with np.errstate(all="ignore"):
                 err = float(np.mean(np.abs(decode(Net(p)(X[val]), val) - t_meas[val]) / t_meas[val]))
             if np.isfinite(err) and err < best_err:
                 best, best_err = cfg, err
-    _, params = train(X, y, best, seed)
+    params = train(X, y, best, seed)
     params["val_rel_err"] = best_err if np.isfinite(best_err) else None
     return params
 

@@ -314,3 +314,18 @@ def test_a_large_probed_tile_keeps_sub_wave_shapes_for_atens_loop(cpu):
     assert [p for p in big if p.dtype == "float32"] == [p for p in same if p.dtype == "float32"]
     assert not [p for p in same if (p.op, p.dtype) == ("mm", "bfloat16") and p.m * p.n < 32 * 16
                 and p not in big]
+
+
+def test_the_probe_runs_as_many_rounds_as_the_profile_asks(monkeypatch):
+    from pipeline.sweeps import tile_probe
+    from pipeline.sweeps.profiles import get_profile
+
+    monkeypatch.setattr(tile_probe, "WARMUP_S", 0.0)
+    calls = []
+    for rounds in (1, 3):
+        calls.clear()
+        tile_probe.probe_tile(lambda m, n, k: calls.append((m, n)) or float(m * n), rounds)
+        assert len(calls) == rounds * 2 * 2 * len(tile_probe.PROBE_DIMS)  # M and N, each up and down
+    with pytest.raises(ValueError, match="at least one round, not 0"):
+        tile_probe.probe_tile(lambda m, n, k: 1.0, 0)
+    assert get_profile("tiny").tile_probe_rounds == 1 and get_profile("quick").tile_probe_rounds == 3

@@ -105,7 +105,8 @@ def cpu_tiles(dev: DeviceIdentity, profile: Profile, log=None) -> dict[tuple[str
     for dtype in dtypes_for(dev.kind):
         for op in GEMM_OPS:
             tm, tn = out[(op, dtype)] = probe_tile(
-                lambda m, n, k: measure(gemm(op, dtype, m, n, k), profile.gemm_timing, dev.torch_device).median_us)
+                lambda m, n, k: measure(gemm(op, dtype, m, n, k), profile.gemm_timing, dev.torch_device).median_us,
+                profile.tile_probe_rounds)
             kernel = cpu_kernel_name(gemm(op, dtype, PROBE_OTHER, 16, PROBE_OTHER))  # for the log line only
             (log or print)(f"gemm_samples: {op} {dtype} pads M by {tm} and N by {tn} ({kernel})")
     return out

@@ -45,6 +45,9 @@ class Profile:
     # held-out GEMM rows per (op, dtype) timed a second time at the end of the sweep: how well
     # the machine repeats itself (harness/repeat.py); 0 = none
     gemm_repeats_per_group: int = 12
+    # times the CPU tile probe runs (sweeps/tile_probe.py), keeping the step found most often;
+    # the tiny profile's one round saves ~13 s of each test materialization (bf16 in software)
+    tile_probe_rounds: int = 3
     utility_repeats_per_group: int = 3  # the same per (op, dtype) of utility_samples (13 ops) and memory_samples
     # attention_samples: seq (q = kv) in powers of two from 32, batch in powers of the step (8 heads)
     attention_max_seq: int = 256
@@ -129,7 +132,7 @@ PROFILES = {
         workload_configs="tiny", workload_batches=(1, 2), workload_seqs=(16,), workload_warmup=1, workload_reps=3,
         workload_passes=1, visits=1, workloads_in_own_process=False, stall_wait_s=2.0,
         dlrm_configs="tiny", dlrm_batches=(4, 8), trace_warmup=1, reference_shapes_per_source=2,
-        gemm_repeats_per_group=2, utility_repeats_per_group=1,
+        gemm_repeats_per_group=2, utility_repeats_per_group=1, tile_probe_rounds=1,
         attention_max_seq=64, attention_max_batch=2, attention_max_point_flops=1e7, attention_heldout=2,
         attention_timing=TimingSpec(warmup_s=0.0, budget_s=0.002, min_reps=3, max_reps=10),
         opencl_kernels=6, opencl_lsizes=1, opencl_settings=3, opencl_rebalance=0, opencl_max_combos=6,
@@ -215,10 +218,11 @@ def get_profile(name: str, kind: str = "cpu") -> Profile:
     scale = timing_scale()  # DEVCHAR_TIMING_SCALE: the timing specs scale where they are used
     if scale == 1.0:
         return prof
-    # A point's repetition counts stay (min_reps), so the largest GEMMs cost the same at any
-    # scale: on a slow CPU (the model-85 VM, bf16 emulated at 0.05 TFLOP/s) the points over
-    # 4e9 FLOPs were two thirds of the slow tier's GEMM sweep. A scaled run skips them as it
-    # skips any point past a cap, and the fit fills them: the grids keep their cells below.
+    # A point slower than its budget runs its minimum count of calls (min_reps, which shrinks only
+    # to harness/timer.SCALED_MIN_REPS), so the largest GEMMs cost nearly the same at any scale: on a
+    # slow CPU (the model-85 VM, bf16 emulated at 0.05 TFLOP/s) the points over 4e9 FLOPs were two
+    # thirds of the slow tier's GEMM sweep. A scaled run skips them as it skips any point past a
+    # cap, and the fit fills them: the grids keep their cells below.
     shrink = min(scale, 1.0)  # a scale above 1 buys repetitions, never a larger grid
     caps = dict(max_point_flops=prof.max_point_flops * shrink,
                 max_wave_flops=prof.max_wave_flops and prof.max_wave_flops * shrink,

@@ -29,8 +29,7 @@ WARMUP_S = 0.3
 # A shape between two behaviours (mm float32 on the Xeon VM: flat to N = 16, then ~linear)
 # fits a step only just better or worse than none, and one probe said 16 in one sweep and 1 in
 # the next, which re-laid the whole-wave grid. The probe runs this many times; the step found
-# most often is kept (the larger on a tie).
-ROUNDS = 3
+# most often is kept (the larger on a tie). The profile says how many (Profile.tile_probe_rounds).
 
 
 def granularity(xs, ts) -> int:
@@ -49,13 +48,15 @@ def granularity(xs, ts) -> int:
     return best if errors[best] < BETTER * errors[1] else 1
 
 
-def probe_tile(time_us) -> tuple[int, int]:
+def probe_tile(time_us, rounds: int = 3) -> tuple[int, int]:
     """(tile_m, tile_n) for one op and dtype; time_us(m, n, k) times a GEMM of that shape."""
+    if rounds < 1:
+        raise ValueError(f"the tile probe needs at least one round, not {rounds}")
     start = time.perf_counter()
     while time.perf_counter() - start < WARMUP_S:
         time_us(PROBE_OTHER, PROBE_DIMS[0], PROBE_OTHER)
     found_m, found_n = [], []
-    for _ in range(ROUNDS):
+    for _ in range(rounds):
         found_n.append(granularity(PROBE_DIMS, _fastest_of_two_passes(lambda n: time_us(PROBE_OTHER, n, PROBE_OTHER))))
         found_m.append(granularity(PROBE_DIMS, _fastest_of_two_passes(lambda m: time_us(m, PROBE_OTHER, PROBE_OTHER))))
     return most_often(found_m), most_often(found_n)

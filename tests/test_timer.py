@@ -32,7 +32,7 @@ def test_budget_bounds_repetitions():
     assert measure_once(lambda: sum(range(1000)), slow).reps == 4
 
 
-def test_the_timing_scale_shrinks_the_budgets_not_the_counts(monkeypatch):
+def test_the_timing_scale_shrinks_the_budgets_and_the_repetition_floor_to_five(monkeypatch):
     from pipeline.harness.timer import TIMING_SCALE_ENV, scaled
 
     spec = TimingSpec(warmup_s=0.04, budget_s=0.2, min_reps=5, max_reps=100)
@@ -41,6 +41,13 @@ def test_the_timing_scale_shrinks_the_budgets_not_the_counts(monkeypatch):
     monkeypatch.setenv(TIMING_SCALE_ENV, "0.25")
     got = scaled(spec)
     assert (got.warmup_s, got.budget_s, got.min_reps, got.max_reps) == pytest.approx((0.01, 0.05, 5, 100))
+    quick = TimingSpec(warmup_s=0.1, budget_s=0.5, min_reps=25, max_reps=10000)
+    for raw, floor in (("0.1", 5), ("0.5", 12), ("2", 25)):  # above 1: more budget, the same floor
+        monkeypatch.setenv(TIMING_SCALE_ENV, raw)
+        assert scaled(quick).min_reps == floor, raw
+    monkeypatch.setenv(TIMING_SCALE_ENV, "0.1")
+    assert scaled(TimingSpec(min_reps=3)).min_reps == 3  # never more than the spec's own
+    monkeypatch.setenv(TIMING_SCALE_ENV, "0.25")
     # an op of ~1 ms: about 0.2 s of repetitions unscaled would be ~200; a quarter of the budget, ~50
     import time
 

@@ -148,7 +148,8 @@ def test_the_timing_scale_shortens_a_profile_but_keeps_its_grids(monkeypatch):
     assert short.stall_wait_s == pytest.approx(plain.stall_wait_s / 4)
     assert 3 <= short.workload_reps < plain.workload_reps and 1 <= short.workload_warmup <= plain.workload_warmup
     assert short.workload_passes == 1 < plain.workload_passes  # a test's run times its workloads once
-    # the points past a quarter of the FLOP caps are skipped (a point's counts do not scale)
+    assert short.tile_probe_rounds == 1 < plain.tile_probe_rounds  # and probes the tile once
+    # the points past a quarter of the FLOP caps are skipped (a slow point's call count shrinks only to 5)
     assert (short.max_point_flops, short.max_wave_flops, short.max_aspect_flops) == pytest.approx(
         (plain.max_point_flops / 4, plain.max_wave_flops / 4, plain.max_aspect_flops / 4))
     monkeypatch.setenv(TIMING_SCALE_ENV, "2")  # more repetitions, never a larger grid

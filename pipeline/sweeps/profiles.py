@@ -232,4 +232,5 @@ def get_profile(name: str, kind: str = "cpu") -> Profile:
                    workload_warmup=max(1, round(prof.workload_warmup * scale)),
                    workload_reps=max(3, round(prof.workload_reps * scale)),
                    workload_passes=max(1, round(prof.workload_passes * scale)),
-                   visits=max(1, round(prof.visits * scale)), **caps)
+                   visits=max(1, round(prof.visits * scale)),
+                   tile_probe_rounds=max(1, round(prof.tile_probe_rounds * scale)), **caps)

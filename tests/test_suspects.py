@@ -192,16 +192,19 @@ def test_a_gpu_times_nothing_again(monkeypatch):
 
 def test_the_utility_sweep_marks_its_training_rows(monkeypatch):
     """The utility sweep at the tiny profile's sizes with two visits: every row carries its probe
-    reading and says whether it was timed a third time."""
+    reading and says whether it was timed a third time. Three of its 13 ops (all 13 took ~50 s
+    on a 2-thread VM): the groups are per (op, dtype), the marking the same for any op."""
     from dataclasses import replace
 
     from pipeline.device.discover import identify
     from pipeline.sweeps import utility
     from pipeline.sweeps.profiles import get_profile
 
+    monkeypatch.setattr(utility, "UTILITY_OPS", ("relu", "softmax", "copy_rows"))
     prof = replace(get_profile("tiny"), visits=2)
     said = []
     rows = utility.sweep_utility(identify("cpu"), prof, log=said.append)
+    assert {r["op"] for r in rows} == {"relu", "softmax", "copy_rows"}
     assert rows and all(isinstance(r["suspect"], bool) and r["probe_us"] > 0 for r in rows)
     flagged = sum(r["suspect"] for r in rows)
     assert flagged == 0 or any(m.startswith(f"{flagged} rows timed once more: ") for m in said)

@@ -47,12 +47,12 @@ def test_definitions_load():
 @pytest.mark.slow
 def test_quick_profile_end_to_end(devchar_home):
     """The whole quick profile: every table filled, models saved, predictions beside measurements.
-    Its grids, with a tenth of its time budgets and FLOP caps per point (the fit fills the cells it
+    Its grids, with a twentieth of its time budgets and FLOP caps per point (the fit fills the cells it
     skips, as past any cap): what is tested here is what a calibration fills;
     how well it measures is `devchar run`'s report (the README's figures), not asserted."""
     slug = identify("cpu").slug
     with dg.instance_for_test() as instance:
-        result = _materialize(slug, instance, profile="quick", timing_scale=0.1, **NO_ERROR_GATE)
+        result = _materialize(slug, instance, profile="quick", timing_scale=0.05, **NO_ERROR_GATE)
     assert result.success
     wh = DuckDBWarehouse()
     counts = _counts(wh, slug)

@@ -23,7 +23,7 @@ from pipeline.harness.spells import read_around
 
 
 # Every time budget of a sweep (warm-up, timed repetitions, cold flushes, the wait for a quiet
-# machine) times this: CI's slow tier runs the quick profile's whole grids on a tenth of its
+# machine) times this: CI's slow tier runs the quick profile's whole grids on a twentieth of its
 # budgets, where it checks what a calibration fills, not how well it measures. 1 otherwise.
 TIMING_SCALE_ENV = "DEVCHAR_TIMING_SCALE"
 

@@ -43,21 +43,10 @@ def timing_scale() -> float:
     return scale
 
 
-# Below scale 1 the repetition floor shrinks with the budgets, to no fewer than this: a point
-# slower than budget / min_reps runs min_reps calls whatever the budget, and at a tenth of the
-# quick profile's budgets the software-bf16 GEMMs near the FLOP cap (~0.3 s a call on the Zen 3
-# VM) made most of the slow tier's GEMM sweep at 25 calls each. Five still give a median and a spread.
-SCALED_MIN_REPS = 5
-
-
 def scaled(spec: "TimingSpec") -> "TimingSpec":
-    """The spec with its warm-up and repetition budgets times timing_scale(); below 1 its
-    min_reps too (never under SCALED_MIN_REPS, never over the spec's own)."""
+    """The spec with its warm-up and repetition budgets times timing_scale() (counts unchanged)."""
     scale = timing_scale()
-    if scale == 1.0:
-        return spec
-    min_reps = spec.min_reps if scale > 1 else min(spec.min_reps, max(SCALED_MIN_REPS, round(spec.min_reps * scale)))
-    return replace(spec, warmup_s=spec.warmup_s * scale, budget_s=spec.budget_s * scale, min_reps=min_reps)
+    return spec if scale == 1.0 else replace(spec, warmup_s=spec.warmup_s * scale, budget_s=spec.budget_s * scale)
 
 
 STALL_CPU_UTIL = 0.5  # below this the process mostly waited: another process had the cores

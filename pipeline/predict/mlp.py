@@ -24,7 +24,7 @@ from typing import Callable, Hashable
 import numpy as np
 
 from pipeline.core.cores import usable_cores
-from pipeline.predict.mlp_train import fit_mlp
+from pipeline.predict.mlp_train import DivergedError, fit_mlp
 
 # DLRM paper, Table II.
 FULL_GRID = {"layers": [3, 4, 5, 6, 7], "neurons": [128, 256, 512, 1024], "solver": ["adam", "sgd"],
@@ -125,7 +125,7 @@ def search(X: np.ndarray, y: np.ndarray, decode: Callable[[np.ndarray, np.ndarra
         for cfg in cands:
             try:
                 p = train(X[tr], y[tr], cfg, seed)
-            except ValueError:  # a diverging run (too high a learning rate)
+            except DivergedError:  # too high a learning rate
                 continue
             with np.errstate(all="ignore"):
                 err = float(np.mean(np.abs(decode(Net(p)(X[val]), val) - t_meas[val]) / t_meas[val]))

@@ -5,9 +5,9 @@ initial weights, relu hidden layers and an identity output, squared loss with an
 of 1e-4, reshuffled minibatches, Adam (beta 0.9 / 0.999) or SGD with Nesterov momentum 0.9,
 and a stop once the training loss has not improved by `tol` for over `patience` epochs.
 
-Why not sklearn: its step costs ~1.3 ms in Python whatever the network's size (a 4 x 64 net
-on 64 rows is ~20 us of arithmetic), so one reduced-grid search of a quick CPU calibration
-took ~105 s of CPU in every fit, reference replays included. Here the weights live in one
+Why not sklearn: its step costs ~1.3 ms in Python on the Zen 3 VM, ~2.5 times this loop's,
+so both baselines' reduced-grid searches on the Zen 3 EPYC reference took ~72 s in one process
+(~29 s here), in every fit, reference replays included. Here the weights live in one
 flat vector: the optimiser's update is a handful of array operations instead of one per layer.
 """
 from __future__ import annotations

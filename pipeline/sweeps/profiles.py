@@ -218,11 +218,10 @@ def get_profile(name: str, kind: str = "cpu") -> Profile:
     scale = timing_scale()  # DEVCHAR_TIMING_SCALE: the timing specs scale where they are used
     if scale == 1.0:
         return prof
-    # A point slower than its budget runs its minimum count of calls (min_reps, which shrinks only
-    # to harness/timer.SCALED_MIN_REPS), so the largest GEMMs cost nearly the same at any scale: on a
-    # slow CPU (the model-85 VM, bf16 emulated at 0.05 TFLOP/s) the points over 4e9 FLOPs were two
-    # thirds of the slow tier's GEMM sweep. A scaled run skips them as it skips any point past a
-    # cap, and the fit fills them: the grids keep their cells below.
+    # A point's repetition counts stay (min_reps), so the largest GEMMs cost the same at any
+    # scale: on a slow CPU (the model-85 VM, bf16 emulated at 0.05 TFLOP/s) the points over
+    # 4e9 FLOPs were two thirds of the slow tier's GEMM sweep. A scaled run skips them as it
+    # skips any point past a cap, and the fit fills them: the grids keep their cells below.
     shrink = min(scale, 1.0)  # a scale above 1 buys repetitions, never a larger grid
     caps = dict(max_point_flops=prof.max_point_flops * shrink,
                 max_wave_flops=prof.max_wave_flops and prof.max_wave_flops * shrink,
@@ -233,4 +232,4 @@ def get_profile(name: str, kind: str = "cpu") -> Profile:
                    workload_reps=max(3, round(prof.workload_reps * scale)),
                    workload_passes=max(1, round(prof.workload_passes * scale)),
                    visits=max(1, round(prof.visits * scale)),
-                   tile_probe_rounds=max(1, round(prof.tile_probe_rounds * scale)), **caps)
+                   tile_probe_rounds=max(1, round(prof.tile_probe_rounds * shrink)), **caps)  # never more: a tie

@@ -73,3 +73,27 @@ def test_training_stops_once_the_loss_has_not_improved_for_over_patience_epochs(
 def test_an_unknown_solver_is_named():
     with pytest.raises(ValueError, match="'lbfgs'"):
         fit_mlp(np.ones((4, 1)), np.ones(4), (4,), "lbfgs", 1e-3, epochs=1, batch_size=4)
+
+
+def test_the_search_refits_the_next_best_configuration_when_the_best_diverges_on_all_rows(monkeypatch):
+    from pipeline.predict import mlp
+
+    real, calls = mlp.train, []
+
+    def train(X, y, cfg, seed=0):  # the best-scoring lr diverges only on all rows
+        calls.append((len(y), cfg.lr))
+        if cfg.lr == 1e-2 and len(y) == 60:
+            raise DivergedError("diverged")
+        return real(X, y, cfg, seed)
+
+    monkeypatch.setattr(mlp, "train", train)
+    rng = np.random.default_rng(5)
+    X = rng.uniform(1, 10, size=(60, 2))
+    t = X[:, 0] * X[:, 1]
+    grid = {"layers": [2], "neurons": [8], "solver": ["adam"], "lr": [1e-4, 1e-2], "epochs": 40}
+    params = mlp.search(X, np.log(t), lambda z, idx: np.exp(z), t, grid=grid)
+    assert calls[-1] == (60, 1e-4) and (60, 1e-2) in calls  # the refit fell back
+    assert params["config"]["lr"] == 1e-4 and params["val_rel_err"] is not None
+    monkeypatch.setattr(mlp, "train", lambda *a, **k: (_ for _ in ()).throw(DivergedError("diverged")))
+    with pytest.raises(DivergedError, match="every configuration of the MLP grid diverged on these 60"):
+        mlp.search(X, np.log(t), lambda z, idx: np.exp(z), t, grid=grid)

@@ -120,20 +120,27 @@ def search(X: np.ndarray, y: np.ndarray, decode: Callable[[np.ndarray, np.ndarra
         raise ValueError(f"need at least 2 training rows to fit an MLP; got {n}")
     val, tr = validation_split(n, seed, val_frac)
     cands = configs(grid)
-    best, best_err = cands[0], np.inf
-    if len(val):  # one candidate is scored too: its val_rel_err is what a caller compares with another model's
-        for cfg in cands:
+    errs = {}  # candidate index -> validation error; one candidate is scored too: its val_rel_err
+    if len(val):  # is what a caller compares with another model's
+        for i, cfg in enumerate(cands):
             try:
                 p = train(X[tr], y[tr], cfg, seed)
             except DivergedError:  # too high a learning rate
                 continue
             with np.errstate(all="ignore"):
                 err = float(np.mean(np.abs(decode(Net(p)(X[val]), val) - t_meas[val]) / t_meas[val]))
-            if np.isfinite(err) and err < best_err:
-                best, best_err = cfg, err
-    params = train(X, y, best, seed)
-    params["val_rel_err"] = best_err if np.isfinite(best_err) else None
-    return params
+            if np.isfinite(err):
+                errs[i] = err
+    # the best scored first, then the rest in grid order: on all rows the best may still diverge
+    order = sorted(errs, key=errs.get) + [i for i in range(len(cands)) if i not in errs]
+    for i in order:
+        try:
+            params = train(X, y, cands[i], seed)
+        except DivergedError:
+            continue
+        params["val_rel_err"] = errs.get(i)
+        return params
+    raise DivergedError(f"every configuration of the MLP grid diverged on these {n} training rows")
 
 
 def fit_jobs() -> int:

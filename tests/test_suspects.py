@@ -219,3 +219,25 @@ def test_a_measure_in_a_spell_says_so_against_the_calibrations_probe():
     assert spell_note(24.0, calibration) is None  # the machine's usual speed
     assert spell_note(35.0, calibration[:MIN_READINGS - 1]) is None  # too few readings to say
     assert spell_note(float("nan"), calibration) is None  # a GPU measurement: no probe
+
+
+def test_the_spell_waits_stay_within_the_budget_the_sweep_gives(monkeypatch):
+    """All spell rows together wait no longer than max_wait_s; a sweep gives its profile's wait
+    for a quiet machine, never over MAX_WAIT_S."""
+    rows, makers = _spell_rows(5, n_calm=20)
+    budgets = []
+
+    def wait(usual, budget_s):  # the probe never reads its usual time: each wait spends its cap
+        budgets.append(budget_s)
+        return min(budget_s, 3.0)
+
+    monkeypatch.setattr(sp, "_wait_for_usual", wait)
+    monkeypatch.setattr(sp, "measure", lambda fn, spec, device, l2_bytes=0: Measurement(np.full(3, 60.0),
+                                                                                           cpu_util=2.0))
+    sp.revisit_suspects(rows, makers, SPEC, "cpu", [None] * len(rows), None, max_wait_s=4.0)
+    assert budgets == [4.0, 1.0]  # 3 s waited, then the last 1 s; the other rows time at once
+    assert sp.suspect_wait_s(2.0) == 2.0 and sp.suspect_wait_s(60.0) == sp.MAX_WAIT_S
+    from pipeline.sweeps.profiles import get_profile
+
+    assert sp.suspect_wait_s(get_profile("tiny").stall_wait_s) == 2.0
+    assert sp.suspect_wait_s(get_profile("quick").stall_wait_s) == sp.MAX_WAIT_S  # a calibration's, as before

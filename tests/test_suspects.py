@@ -222,9 +222,8 @@ def test_a_measure_in_a_spell_says_so_against_the_calibrations_probe():
 
 
 def test_the_spell_waits_stay_within_the_budget_the_sweep_gives(monkeypatch):
-    """All spell rows together wait no longer than max_wait_s; a sweep gives its profile's wait
-    for a quiet machine, never over MAX_WAIT_S."""
-    rows, makers = _spell_rows(5, n_calm=20)
+    """All spell rows together wait no longer than the profile's wait for a quiet machine
+    (stall_wait_s), and never over MAX_WAIT_S."""
     budgets = []
 
     def wait(usual, budget_s):  # the probe never reads its usual time: each wait spends its cap
@@ -234,10 +233,14 @@ def test_the_spell_waits_stay_within_the_budget_the_sweep_gives(monkeypatch):
     monkeypatch.setattr(sp, "_wait_for_usual", wait)
     monkeypatch.setattr(sp, "measure", lambda fn, spec, device, l2_bytes=0: Measurement(np.full(3, 60.0),
                                                                                            cpu_util=2.0))
-    sp.revisit_suspects(rows, makers, SPEC, "cpu", [None] * len(rows), None, max_wait_s=4.0)
-    assert budgets == [4.0, 1.0]  # 3 s waited, then the last 1 s; the other rows time at once
-    assert sp.suspect_wait_s(2.0) == 2.0 and sp.suspect_wait_s(60.0) == sp.MAX_WAIT_S
     from pipeline.sweeps.profiles import get_profile
 
-    assert sp.suspect_wait_s(get_profile("tiny").stall_wait_s) == 2.0
-    assert sp.suspect_wait_s(get_profile("quick").stall_wait_s) == sp.MAX_WAIT_S  # a calibration's, as before
+    def first_budgets(stall_wait_s):
+        budgets.clear()
+        sp.revisit_suspects(*_spell_rows(5, n_calm=20), SPEC, "cpu", [None] * 25, None, stall_wait_s=stall_wait_s)
+        return list(budgets)
+
+    assert first_budgets(4.0) == [4.0, 1.0]  # 3 s waited, then the last 1 s; the other rows time at once
+    assert first_budgets(2.0)[0] == 2.0 and first_budgets(60.0)[0] == sp.MAX_WAIT_S
+    assert first_budgets(get_profile("tiny").stall_wait_s)[0] == 2.0
+    assert first_budgets(get_profile("quick").stall_wait_s)[0] == sp.MAX_WAIT_S  # a calibration's, as before

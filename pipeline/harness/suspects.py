@@ -38,15 +38,10 @@ from pipeline.harness.timer import TimingSpec, measure
 NEIGHBOURS = 6  # the rows whose plane a row is held against
 SUSPECT_RATIO = 1.2  # a row this many times over that plane is timed again
 SUSPECT_SEED = 5  # the extra visit's order (the first visit's is seed 0, the held-out repeat's 1, revisit's 2 on)
-# A sweep's extra visit waits at most this long in all for a spell to pass; the sweeps pass
-# suspect_wait_s(profile): no longer than the profile's own wait for a quiet machine, so a tiny
-# profile's test (2 s) no longer spent ~30 s of its ~33 s waiting here on the Zen 3 VM.
+# A sweep's extra visit waits at most this long in all for a spell to pass, and no longer than
+# the profile's own wait for a quiet machine (stall_wait_s, as remeasure_stalled is given): a tiny
+# profile's test (2 s) spent ~30 s of its ~33 s waiting here on the Zen 3 VM.
 MAX_WAIT_S = 30.0
-
-
-def suspect_wait_s(stall_wait_s: float) -> float:
-    """The suspects' wait budget for a profile whose wait for a quiet machine is `stall_wait_s`."""
-    return min(MAX_WAIT_S, stall_wait_s)
 
 
 def off_surface(groups: Sequence[Hashable | None], coords: np.ndarray, us: np.ndarray,
@@ -85,7 +80,7 @@ def off_surface(groups: Sequence[Hashable | None], coords: np.ndarray, us: np.nd
 def revisit_suspects(rows: list[dict], makers: list[Callable[[], Callable[[], object]]], spec: TimingSpec,
                      device: str, groups: Sequence[Hashable | None], coords: np.ndarray | None, l2_bytes: int = 0,
                      log=None, within: Callable[[int], ContextManager] | None = None,
-                     max_wait_s: float = MAX_WAIT_S) -> int:
+                     stall_wait_s: float = MAX_WAIT_S) -> int:
     """Time once more, in a shuffled order, the rows off their group's surface (off_surface on
     their `median_us`; rows of group None, the held-out ones, and every row without `coords`, are
     not tested) and the rows whose probe reading says they ran in a slow spell (spells.in_spell on
@@ -108,7 +103,7 @@ def revisit_suspects(rows: list[dict], makers: list[Callable[[], Callable[[], ob
     if not todo.size:
         return 0
     usual = usual_us(readings) if spell.any() else None
-    waited = 0.0
+    waited, max_wait_s = 0.0, min(MAX_WAIT_S, stall_wait_s)
     # per test, per row timed again: (was it quicker, how often an unchanged machine's would be)
     outcomes: dict[str, list[tuple[bool, float]]] = {"surface": [], "spell": []}
     trusted = {"surface": True, "spell": True}

@@ -26,7 +26,7 @@ from pipeline.harness.dtypes import torch_dtype
 from pipeline.harness.order import interleaved
 from pipeline.harness.progress import Progress
 from pipeline.harness.revisit import revisit
-from pipeline.harness.suspects import revisit_suspects, suspect_wait_s
+from pipeline.harness.suspects import revisit_suspects
 from pipeline.harness.stalls import remeasure_stalled
 from pipeline.harness.timer import measure
 from pipeline.predict.attention import BASE_GRID, HELDOUT_GRID, SCAN_GRID, TWIN_GRID, attention_flops
@@ -224,7 +224,7 @@ def sweep_attention(dev: DeviceIdentity, profile: Profile, log=None) -> list[dic
             if profile.visits > 1:  # rows whose probe read a slow spell (harness/spells.py)
                 revisit_suspects(rows, makers, profile.attention_timing, dev.torch_device, [None] * len(rows), None,
                                  dev.l2_bytes or 0, prog.log, within=lambda i: _only(keys[i][0]),
-                                 max_wait_s=suspect_wait_s(profile.stall_wait_s))
+                                 stall_wait_s=profile.stall_wait_s)
             remeasure_stalled(rows, makers, profile.attention_timing, dev.torch_device, dev.l2_bytes or 0, prog.log,
                               profile.stall_wait_s, within=lambda i: _only(keys[i][0]))
     if skipped:

@@ -18,7 +18,7 @@ from pipeline.harness.progress import Progress
 from pipeline.harness.repeat import repeat_sample, retime
 from pipeline.harness.revisit import revisit
 from pipeline.harness.stalls import remeasure_stalled
-from pipeline.harness.suspects import revisit_suspects, suspect_wait_s
+from pipeline.harness.suspects import revisit_suspects
 from pipeline.harness.timer import measure
 from pipeline.predict.gemm_grids import COLD_GRIDS
 from pipeline.predict.geometry import blocks, waves
@@ -198,7 +198,7 @@ def sweep_gemm(dev: DeviceIdentity, profile: Profile, log=None) -> list[dict]:
         groups = [None if p.held_out else (p.op, p.dtype, p.grid) for p in pts]  # cold_heldout is held out too
         revisit_suspects(rows, makers, profile.gemm_timing, dev.torch_device, groups,
                          np.array([(p.m, p.n, p.k, p.batch) for p in pts], float), dev.l2_bytes or 0, prog.log,
-                         max_wait_s=suspect_wait_s(profile.stall_wait_s))
+                         stall_wait_s=profile.stall_wait_s)
     remeasure_stalled(rows, makers, profile.gemm_timing, dev.torch_device, dev.l2_bytes or 0, prog.log,
                       profile.stall_wait_s)
     # the hot held-out rows only: they are what the held-out error is scored on

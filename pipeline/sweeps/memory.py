@@ -32,7 +32,7 @@ from pipeline.harness.order import interleaved
 from pipeline.harness.progress import Progress
 from pipeline.harness.repeat import repeat_sample, retime
 from pipeline.harness.revisit import revisit
-from pipeline.harness.suspects import revisit_suspects, suspect_wait_s
+from pipeline.harness.suspects import revisit_suspects
 from pipeline.harness.stalls import remeasure_stalled
 from pipeline.harness.timer import TimingSpec, measure
 from pipeline.predict.memory import MEMORY_OPS, OP_DIMS, memory_bytes
@@ -226,7 +226,7 @@ def sweep_memory(dev: DeviceIdentity, profile_name, log=None) -> list[dict]:
     revisit(rows, makers, z.timing, dev.torch_device, profile.visits, dev.l2_bytes or 0, prog.log)
     if profile.visits > 1:  # rows whose probe read a slow spell (harness/spells.py)
         revisit_suspects(rows, makers, z.timing, dev.torch_device, [None] * len(rows), None, dev.l2_bytes or 0,
-                         prog.log, max_wait_s=suspect_wait_s(profile.stall_wait_s))
+                         prog.log, stall_wait_s=profile.stall_wait_s)
     remeasure_stalled(rows, makers, z.timing, dev.torch_device, dev.l2_bytes or 0, prog.log, profile.stall_wait_s)
     picked = repeat_sample([(r["op"], r["dtype"]) for r in rows], [r["held_out"] for r in rows],
                            profile.utility_repeats_per_group)

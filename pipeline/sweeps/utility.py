@@ -13,7 +13,7 @@ from pipeline.harness.progress import Progress
 from pipeline.harness.repeat import repeat_sample, retime
 from pipeline.harness.revisit import revisit
 from pipeline.harness.stalls import remeasure_stalled
-from pipeline.harness.suspects import revisit_suspects, suspect_wait_s
+from pipeline.harness.suspects import revisit_suspects
 from pipeline.harness.timer import FLUSH_L2_FACTOR, measure, release_flusher
 from pipeline.predict.traffic import utility_traffic
 from pipeline.sweeps.profiles import Profile
@@ -122,7 +122,7 @@ def sweep_utility(dev: DeviceIdentity, profile: Profile, log=None) -> list[dict]
         revisit_suspects(rows_out, makers, profile.utility_timing, dev.torch_device,
                          [None if held else (op, dtype) for dtype, op, _, held in todo],
                          np.array([s for _, _, s, _ in todo], float), dev.l2_bytes or 0, prog.log,
-                         max_wait_s=suspect_wait_s(profile.stall_wait_s))
+                         stall_wait_s=profile.stall_wait_s)
     remeasure_stalled(rows_out, makers, profile.utility_timing, dev.torch_device, dev.l2_bytes or 0, prog.log,
                       profile.stall_wait_s)
     picked = repeat_sample([(op, dtype) for dtype, op, _, _ in todo], [held for *_, held in todo],

@@ -119,9 +119,12 @@ def test_each_step_keeps_its_quicker_pass_and_says_how_far_apart_they_were(monke
     assert [round(r["pass_spread"], 3) for r in rows] == [0.5, 0.0, 0.0, 0.0]
 
 
-def test_a_step_whose_passes_both_ran_in_a_spell_is_timed_again(monkeypatch):
-    """Both passes of one step read slow alike (no disagreement to see), but the spell probe
-    around them read slow: the step is timed once more and keeps the quicker timing."""
+@pytest.mark.parametrize("slow_probe", ["probe_us", "host_probe_us"])
+def test_a_step_whose_passes_both_ran_in_a_spell_is_timed_again(monkeypatch, slow_probe):
+    """Both passes of one step read slow alike (no disagreement to see), but one of the probes
+    around them read slow (the GEMM probe, or the host probe alone): the step is timed once more,
+    after the probes read their usual times, and keeps the quicker timing. The usual times come
+    from the readings of every timing, both passes."""
     from pipeline.harness import spells
     from pipeline.sweeps import workload_runs
     from pipeline.workloads import isolated
@@ -133,16 +136,21 @@ def test_a_step_whose_passes_both_ran_in_a_spell_is_timed_again(monkeypatch):
         t = 1500.0 if len(seen) in (2, 6) else 1000.0  # step 1 on both passes, in one spell
         return Measurement(np.array([t, t, t]), faults_per_call=0.0)
 
-    probes = iter([20.0, 20.0, 30.0, 30.0] + [20.0] * 4 + [20.0, 20.0, 30.0, 30.0] + [20.0] * 20)
+    slow = iter([20.0, 20.0, 30.0, 30.0] + [20.0] * 4 + [20.0, 20.0, 30.0, 30.0] + [20.0] * 20)
+    calm = {"probe_us": 20.0, "host_probe_us": 3.0}
+    for name, usual in calm.items():
+        monkeypatch.setattr(spells, name, (lambda: next(slow)) if name == slow_probe else (lambda u=usual: u))
     monkeypatch.setattr(isolated, "measure_in_child", fake_child)
-    monkeypatch.setattr(spells, "probe_us", lambda: next(probes))
-    monkeypatch.setattr(spells, "MIN_READINGS", 4)
+    monkeypatch.setattr(spells, "MIN_READINGS", 8)  # the 8 timings of the two passes
+    monkeypatch.setattr(spells.time, "sleep", lambda s: None)
     profile = replace(get_profile("tiny"), workloads_in_own_process=True, workload_passes=2)
     rows = workload_runs.sweep_workloads(identify("cpu"), profile)
     assert len(seen) == 9 and seen[8] == seen[1]
     assert [r["passes"] for r in rows] == [2, 3, 2, 2]
     assert all(r["measured_ms"] == pytest.approx(1.0) for r in rows)
-    assert rows[1]["probe_us"] == 20.0 and rows[0]["probe_us"] == 20.0
+    assert rows[1][slow_probe] == 20.0 and rows[0]["probe_us"] == 20.0
+    other = "host_probe_us" if slow_probe == "probe_us" else "probe_us"
+    assert rows[1][other] == calm[other]
 
 
 def test_passes_apart_by_no_more_than_a_steps_spread_are_not_timed_again():

@@ -156,6 +156,24 @@ def test_the_summary_sets_the_workload_runs_speed_probe_against_the_gemm_sweeps(
     assert "a stalled probe, not the machine drifting" in text and "faster" not in text
 
 
+def test_the_summary_sets_the_host_probe_of_the_workload_runs_against_the_traces():
+    import pandas as pd
+
+    from pipeline.analysis.report import render_summary
+
+    preds = pd.DataFrame([{"workload": "dlrm", "config": "c", "batch": 32, "seq": 0, "measured_ms": 1.0,
+                           "predictor": "e2e_shared", "predicted_ms": 0.6, "rel_err": -0.4, "kernel_only_ms": 0.3,
+                           "active_measured_ms": 0.5}])
+    tables = {"predictions": preds,
+              "workload_graphs": pd.DataFrame({"device": "d", "host_probe_us": [3.6, 3.7, 9.0]}),
+              "workload_runs": pd.DataFrame({"device": "d", "host_probe_us": [7.0, 7.4, 7.4]})}
+    text = render_summary(TablesWarehouse(tables), "d")
+    assert "a tiny op took 3.70 us (the host probe's median) while the workloads were traced and 7.40 us" in text
+    assert "100.0% slower" in text
+    older = {**tables, "workload_graphs": pd.DataFrame({"device": "d", "n_ops": [3]})}  # a take before the probe
+    assert "host probe" not in render_summary(TablesWarehouse(older), "d")
+
+
 def test_a_sweep_keeps_the_quicker_probe_reading_and_warns_only_on_a_stall():
     from pipeline.harness.canary import sweep_speed
 

@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from pipeline.harness import suspects as sp
+from pipeline.harness import spells, suspects as sp
 from pipeline.harness.timer import Measurement, TimingSpec
 
 SPEC = TimingSpec(warmup_s=0.0, budget_s=0.001, min_reps=3, max_reps=3)
@@ -91,8 +91,8 @@ def test_rows_timed_in_a_spell_are_timed_again_held_out_ones_too(monkeypatch):
     rows = [{"median_us": 50.0, "cv": 0.01, "probe_us": 23.0} for _ in range(n)]
     rows[4]["probe_us"] = rows[9]["probe_us"] = 40.0  # both ran in a spell; row 9 is held out
     readings = iter([40.0, 23.0, 23.0])  # the first wait sees the spell once, then its end
-    monkeypatch.setattr(sp, "probe_us", lambda: next(readings, 23.0))
-    monkeypatch.setattr(sp.time, "sleep", lambda s: None)
+    monkeypatch.setattr(spells, "probe_us", lambda: next(readings, 23.0))
+    monkeypatch.setattr(spells.time, "sleep", lambda s: None)
     monkeypatch.setattr(sp, "measure", lambda fn, spec, device, l2_bytes=0: Measurement(np.full(3, 30.0 + fn()),
                                                                                            cpu_util=2.0))
     makers = [lambda i=i: (lambda: i) for i in range(n)]
@@ -126,7 +126,7 @@ def test_the_probe_is_judged_on_its_first_spell_rows(monkeypatch, quicker_every)
         return Measurement(np.full(3, 40.0 if quick else 60.0), cpu_util=2.0)
 
     monkeypatch.setattr(sp, "measure", fake_measure)
-    monkeypatch.setattr(sp, "probe_us", lambda: 23.0)
+    monkeypatch.setattr(spells, "probe_us", lambda: 23.0)
     said = []
     replaced = sp.revisit_suspects(rows, makers, SPEC, "cpu", [None] * len(rows), None, log=said.append)
     trusted = quicker_every == 1
@@ -180,6 +180,25 @@ def test_a_cpu_measurement_carries_its_probe_reading():
 
     m = measure(lambda: sum(range(100)), SPEC, "cpu")
     assert m.probe_us > 0 and m.row()["probe_us"] == m.probe_us
+
+
+def test_the_host_probe_reads_a_tiny_ops_time_and_the_wait_ends_when_both_probes_are_usual(monkeypatch):
+    """host_probe_us is a per-call time (a tiny op: microseconds, not the run of HOST_PROBE_CALLS);
+    wait_until_usual stops at the first reading where both probes are within SPELL_RATIO of their
+    usual times, ignores a probe without one, and never waits past its budget."""
+    assert 0 < spells.host_probe_us() < 1000
+    gemm, host = iter([30.0, 20.0, 20.0]), iter([9.0, 3.0])  # the host probe is read once the GEMM one is usual
+    monkeypatch.setattr(spells, "probe_us", lambda: next(gemm))
+    monkeypatch.setattr(spells, "host_probe_us", lambda: next(host))
+    slept = []
+    monkeypatch.setattr(spells.time, "sleep", slept.append)
+    spells.wait_until_usual(20.0, 3.0, budget_s=60.0)
+    assert len(slept) == 2  # slow GEMM probe, then slow host probe, then both usual
+    monkeypatch.setattr(spells, "probe_us", lambda: 99.0)
+    monkeypatch.setattr(spells, "host_probe_us", lambda: 99.0)
+    assert spells.wait_until_usual(None, None, budget_s=60.0) < 1.0  # nothing to wait for
+    monkeypatch.setattr(spells.time, "sleep", lambda s: None)
+    assert spells.wait_until_usual(20.0, None, budget_s=0.05) >= 0.05
 
 
 def test_a_gpu_times_nothing_again(monkeypatch):

@@ -60,7 +60,7 @@ def render_summary(warehouse, device: str, run_id: str | None = None) -> str:
         p, spread = _with_pass_spread(warehouse, device, p)
         for workload, g in p.groupby("workload", sort=False):
             lines.append(_workload_section(workload, g))
-        lines += spread + _speed_drift(warehouse, device)
+        lines += spread + _speed_drift(warehouse, device) + _host_speed(warehouse, device)
     return "\n".join(lines)
 
 
@@ -87,16 +87,9 @@ def _repeat_lines(warehouse, device: str, own) -> list[str]:
 def _speed_drift(warehouse, device: str) -> list[str]:
     """One line: how much slower or faster the machine ran the workloads than the GEMM sweep,
     by the probe each sweep timed (harness/canary.py); nothing without both probes."""
-    import pandas as pd
-
     from pipeline.harness.canary import STALLED_RATIO, apart, drift
 
-    med = {}
-    for table in ("gemm_samples", "workload_runs"):
-        if warehouse.has_table(table):
-            rows = warehouse.query(f"SELECT * FROM {table} WHERE device = ?", [device])
-            if "canary_us" in rows and rows["canary_us"].notna().any():
-                med[table] = float(pd.to_numeric(rows["canary_us"]).median())
+    med = _medians(warehouse, device, ("gemm_samples", "workload_runs"), "canary_us")
     if len(med) < 2:
         return []
     if apart(med["gemm_samples"], med["workload_runs"]):  # e.g. a take whose GEMM probe stalled
@@ -107,6 +100,32 @@ def _speed_drift(warehouse, device: str) -> list[str]:
     return [f"\nmachine speed: the speed probe ran {abs(d):.1%} {'slower' if d > 0 else 'faster'} during the "
             f"workload runs than during the GEMM sweep; predictions {'under' if d > 0 else 'over'} the measured "
             f"steps by about that much are the machine drifting, not the model"]
+
+
+def _medians(warehouse, device: str, tables: tuple[str, ...], column: str) -> dict[str, float]:
+    """table -> the median of `column` over the device's rows, for the tables that have readings in it."""
+    import pandas as pd
+
+    med = {}
+    for table in tables:
+        if warehouse.has_table(table):
+            rows = warehouse.query(f"SELECT * FROM {table} WHERE device = ?", [device])
+            if column in rows and rows[column].notna().any():
+                med[table] = float(pd.to_numeric(rows[column]).median())
+    return med
+
+
+def _host_speed(warehouse, device: str) -> list[str]:
+    """One line: how fast the host ran ops (the host probe, harness/spells.py) around the workload
+    runs against around the traces their overheads come from; nothing without both readings."""
+    med = _medians(warehouse, device, ("workload_graphs", "workload_runs"), "host_probe_us")
+    if len(med) < 2:
+        return []
+    d = med["workload_runs"] / med["workload_graphs"] - 1.0
+    return [f"host speed: a tiny op took {med['workload_graphs']:.2f} us (the host probe's median) while the "
+            f"workloads were traced and {med['workload_runs']:.2f} us while they were timed, {abs(d):.1%} "
+            f"{'slower' if d > 0 else 'faster'}: the steps of many small ops (DLRM, batch 1) move with it, and "
+            f"their shared overheads come from the traces"]
 
 
 _TITLES = {"gpt2": "GPT-2 forward", "dlrm": "DLRM training step"}

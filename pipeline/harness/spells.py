@@ -14,6 +14,17 @@ of those that read more than 1.2x the op's usual time; among the rest 1-10 % rea
 slower (`probe_us`); at the end of a sweep, rows whose reading is SPELL_RATIO over the sweep's
 lower quartile are timed again (suspects.py). The decision waits for the whole sweep's readings:
 a usual time taken from the first few would be a spell's if the sweep began in one.
+
+The GEMM probe does not see every kind of spell. A second probe times the host's side of an op:
+a tiny `add` called HOST_PROBE_CALLS times (the interpreter, the dispatcher and the allocator, no
+arithmetic to speak of). On the Zen 3 EPYC VM (2026-11-29 05:00, `make`-idle, 2 threads), read
+every ~1.3 s for 5 minutes (738 readings) beside 15 training steps of dlrm_ddp-cpu at batch 32
+in the same process, the host probe read 3.6 µs a call for minutes at a time and 6.6-9 µs for
+minutes at a time (quartiles of 50 calls: 182 and 410 µs), and the step ran 2.6-3.1 ms in the
+first state and 4.7-7.8 ms in the second. The log step time's correlation with the host probe
+was 0.87; with the GEMM probe 0.14 (it read 66-92 µs in both states), with a random 128-byte row
+gather from a 128 MB table 0.71 and with a 64 MB copy 0.61. A step of many small ops (DLRM at
+small batch, a model's batch-1 forward) is host work, and the workload sweep reads both probes.
 """
 from __future__ import annotations
 
@@ -51,6 +62,29 @@ def probe_us() -> float:
     return float(statistics.median(times))
 
 
+HOST_PROBE_CALLS = 32  # calls of a 16-float add per run: ~0.1 ms a run in the quick state above
+_host_operands = None
+
+
+def host_probe_us() -> float:
+    """The median µs per call of a tiny `add` over PROBE_REPS runs of HOST_PROBE_CALLS calls, now
+    (CPU): the host's speed at running an op, which the GEMM probe does not read (module doc)."""
+    global _host_operands
+    import torch
+
+    if _host_operands is None:
+        _host_operands = (torch.zeros(16), torch.empty(16))
+    a, out = _host_operands
+    torch.add(a, 1.0, out=out)
+    times = []
+    for _ in range(PROBE_REPS):
+        t0 = time.perf_counter_ns()
+        for _ in range(HOST_PROBE_CALLS):
+            torch.add(a, 1.0, out=out)
+        times.append((time.perf_counter_ns() - t0) / 1e3 / HOST_PROBE_CALLS)
+    return float(statistics.median(times))
+
+
 def in_spell(readings) -> np.ndarray:
     """Which rows' probe readings (`probe_us`, NaN where none) are SPELL_RATIO over the lower
     quartile of all of them; none without MIN_READINGS readings."""
@@ -74,6 +108,32 @@ def read_around(call):
     before = probe_us()
     got = call()
     return got, slower(before, probe_us())
+
+
+def read_both_around(call):
+    """(call(), the slower GEMM probe reading, the slower host probe reading), each the slower of
+    a reading just before and one just after the call."""
+    before = probe_us(), host_probe_us()
+    got = call()
+    after = probe_us(), host_probe_us()
+    return got, slower(before[0], after[0]), slower(before[1], after[1])
+
+
+def wait_until_usual(usual_gemm: float | None, usual_host: float | None, budget_s: float) -> float:
+    """Probe until both probes read within SPELL_RATIO of their usual times (a None usual is not
+    waited for) or `budget_s` ran out; the seconds waited."""
+    t0 = time.monotonic()
+
+    def quiet() -> bool:
+        return ((usual_gemm is None or probe_us() <= SPELL_RATIO * usual_gemm)
+                and (usual_host is None or host_probe_us() <= SPELL_RATIO * usual_host))
+
+    while not quiet() and time.monotonic() - t0 < budget_s:
+        time.sleep(WAIT_STEP_S)
+    return time.monotonic() - t0
+
+
+WAIT_STEP_S = 0.25  # between two readings while waiting for a quiet machine
 
 
 def slower(before: float, after: float) -> float:

@@ -25,14 +25,13 @@ than on a machine whose state never changed, its other rows keep their timing (b
 from __future__ import annotations
 
 import math
-import time
 from contextlib import nullcontext
 from typing import Callable, ContextManager, Hashable, Sequence
 
 import numpy as np
 
 from pipeline.harness.order import interleaved
-from pipeline.harness.spells import SPELL_RATIO, in_spell, probe_us, usual_us
+from pipeline.harness.spells import in_spell, usual_us, wait_until_usual
 from pipeline.harness.timer import TimingSpec, measure
 
 NEIGHBOURS = 6  # the rows whose plane a row is held against
@@ -166,14 +165,7 @@ def _said(tally: dict, flagged: dict, trusted: dict, waited: float) -> str:
     return text + f"; {waited:.0f} s waited for the probe's usual time"
 
 
-WAIT_STEP_S = 0.25
-
-
 def _wait_for_usual(usual: float, budget_s: float) -> float:
     """Probe until a reading is within SPELL_RATIO of `usual` or `budget_s` (at most 3 s) ran out;
     the seconds waited."""
-    t0 = time.monotonic()
-    limit = min(budget_s, 3.0)
-    while probe_us() > SPELL_RATIO * usual and time.monotonic() - t0 < limit:
-        time.sleep(WAIT_STEP_S)
-    return time.monotonic() - t0
+    return wait_until_usual(usual, None, min(budget_s, 3.0))

@@ -98,6 +98,9 @@ class Measurement:
     # CPU: the slower of two readings of a tiny fixed GEMM just before and after this timing
     # (harness/spells.py): far over its usual time, the timing ran in a slow spell
     probe_us: float = float("nan")
+    # CPU, where a sweep reads it (workload steps): the same for the host probe, a tiny op's
+    # per-call time (spells.host_probe_us); not a column of the kernel tables
+    host_probe_us: float = float("nan")
 
     @property
     def stalled(self) -> bool:

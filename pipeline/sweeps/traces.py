@@ -14,13 +14,19 @@ samples come from, and a slow spell inflates every gap of it. On the model-85 Xe
 (2026-11-27 15:30), three captures of each quick workload: GPT-2 2l-256 batch 1 spanned 23.9,
 91.6 and 23.6 ms, its T1 gaps summing to 1.72, 3.49 and 1.71 ms; 1l-128 batch 8 131.6, 275.3
 and 134.0 ms (T1 1.30, 2.68, 1.51 ms); most others within a few percent.
+
+A CPU capture also keeps the spell probes' readings around it (`probe_us`, `host_probe_us`;
+harness/spells.py): the host probe reads how fast the host ran ops while the overheads were
+traced, which the summary sets against its readings around the workload runs.
 """
 from __future__ import annotations
 
 import json
+import math
 
 from pipeline.device.discover import DeviceIdentity
 from pipeline.harness.progress import Progress
+from pipeline.harness.spells import read_both_around
 from pipeline.sweeps.profiles import Profile
 from pipeline.sweeps.catalog import workload_entries
 
@@ -59,7 +65,12 @@ def _capture(e, dev: DeviceIdentity, profile: Profile, ovh: float, dtype: str) -
     from pipeline.predict.price_recsys import RecsysOps
 
     step = e.build(dev.torch_device, dtype)
-    graph, info = capture(step, warmup=profile.trace_warmup, separate_timing=True)
+    probes = {}
+    if dev.kind == "cpu":
+        (graph, info), probes["probe_us"], probes["host_probe_us"] = read_both_around(
+            lambda: capture(step, warmup=profile.trace_warmup, separate_timing=True))
+    else:
+        graph, info = capture(step, warmup=profile.trace_warmup, separate_timing=True)
     key = {"workload": e.workload, "config": e.config, "batch": e.batch, "seq": e.seq, "mode": e.mode,
            "dtype": dtype}
     rows = cpu_overheads(graph, info, RecsysOps(), ovh) if dev.kind == "cpu" else gpu_overheads(info, ovh)
@@ -73,7 +84,8 @@ def _capture(e, dev: DeviceIdentity, profile: Profile, ovh: float, dtype: str) -
            "capture_source": info["source"], "times_source": info["times_source"],
            "graph_json": json.dumps({"graph": graph.to_dict(), "shapes": info["shapes"],
                                      "scalars": info.get("scalars", {}), "strides": info.get("strides", {}),
-                                     "returned_bytes": info.get("returned_bytes", [])})}
+                                     "returned_bytes": info.get("returned_bytes", [])}),
+           **{k: v for k, v in probes.items() if math.isfinite(v)}}
     return row, samples
 
 

@@ -14,16 +14,22 @@ how far its passes were apart (`pass_spread`), which the summary prints: the rep
 ground truth the predictions are scored against. A step whose passes differ by more than three
 times its repetitions' cv is timed once more after the passes (the kernel sweeps' test for a
 disturbed row), and keeps the quickest of its timings.
+
+A step is also timed once more when its kept timing ran in a slow spell of either probe
+(harness/spells.py): the GEMM probe, or the host probe, which reads the per-op host work that a
+step of many small ops is made of (on the Zen 3 EPYC VM a DLRM step at batch 32 ran 2.6-3.1 ms
+for minutes while the host probe read 3.6 µs a call, and 4.7-7.8 ms while it read 6.6-9). Each
+probe's usual time is the lower quartile of its readings around every timing of the sweep, all
+passes, and before the extra timing the sweep waits for both probes to read it again, at most
+the profile's `stall_wait_s` over all such steps together.
 """
 from __future__ import annotations
 
 import math
 
-import numpy as np
-
 from pipeline.device.discover import DeviceIdentity
 from pipeline.harness.progress import Progress
-from pipeline.harness.spells import in_spell, read_around
+from pipeline.harness.spells import SPELL_RATIO, read_both_around, usual_us, wait_until_usual
 from pipeline.harness.stalls import passes_disagree
 from pipeline.harness.timer import Measurement
 from pipeline.sweeps.catalog import WorkloadEntry, workload_entries
@@ -37,12 +43,14 @@ def sweep_workloads(dev: DeviceIdentity, profile: Profile, log=None, dtype: str 
     prog = Progress("workload_runs", len(todo) * passes, log)
     kept: list[Measurement | None] = [None] * len(todo)
     medians: list[list[float]] = [[] for _ in todo]
+    readings: list[tuple[float, float]] = []  # (GEMM probe, host probe) around every timing
     cpu = dev.kind == "cpu"
 
     def timed(i: int, what: str) -> None:
         e = todo[i]
         if cpu:  # in this process, around the step's own: the machine's state while it ran
-            m, m.probe_us = read_around(lambda: _measure(dev, profile, e, dtype))
+            m, m.probe_us, m.host_probe_us = read_both_around(lambda: _measure(dev, profile, e, dtype))
+            readings.append((m.probe_us, m.host_probe_us))
         else:
             m = _measure(dev, profile, e, dtype)
         medians[i].append(m.median_us)
@@ -57,18 +65,33 @@ def sweep_workloads(dev: DeviceIdentity, profile: Profile, log=None, dtype: str 
             timed(i, f" (pass {p + 1}/{passes})" if passes > 1 else "")
     # passes further apart than a step's own spread explains: at least one ran in a spell, and
     # maybe both; one more timing, as the kernel sweeps re-measure a disturbed row
-    # or kept a timing the probe says ran in a slow spell (harness/spells.py): both passes can
+    # or kept a timing a probe says ran in a slow spell (harness/spells.py): both passes can
     # land in one (2026-11-27 18:13, every DLRM step 1.5x its time re-measured at 18:30, passes
     # 2-12 % apart)
-    spell = in_spell([m.probe_us for m in kept]) if passes > 1 else np.zeros(len(todo), bool)
+    usual = _usual(readings) if passes > 1 else (None, None)
+    spell = [_in_spell(m, usual) for m in kept]
     again = [i for i in range(len(todo)) if passes > 1 and (passes_disagree(medians[i], kept[i].cv) or spell[i])]
     prog.total += len(again)
+    waited = 0.0
     for i in again:
+        waited += wait_until_usual(*usual, max(profile.stall_wait_s - waited, 0.0))
         timed(i, " (passes disagreed or ran in a spell: timed again)")
     if again:
         prog.log(f"[workload_runs] {len(again)} steps whose passes disagreed beyond their spread, or whose quicker "
-                 f"pass ran in a slow spell ({int(spell.sum())}), timed once more")
+                 f"pass ran in a slow spell of a probe ({sum(spell)}), timed once more; {waited:.0f} s waited "
+                 "for the probes' usual times")
     return [_row(e, m, meds, dtype) for e, m, meds in zip(todo, kept, medians)]
+
+
+def _usual(readings: list[tuple[float, float]]) -> tuple[float | None, float | None]:
+    """Each probe's usual time over all of the sweep's readings (spells.usual_us: None with too few)."""
+    return usual_us([r[0] for r in readings]), usual_us([r[1] for r in readings])
+
+
+def _in_spell(m: Measurement, usual: tuple[float | None, float | None]) -> bool:
+    """Whether either probe read over SPELL_RATIO times its usual time around this timing."""
+    return any(u is not None and math.isfinite(r) and r > SPELL_RATIO * u
+               for r, u in zip((m.probe_us, m.host_probe_us), usual))
 
 
 def _measure(dev: DeviceIdentity, profile: Profile, e: WorkloadEntry, dtype: str) -> Measurement:
@@ -93,5 +116,6 @@ def _row(e: WorkloadEntry, m: Measurement, medians: list[float], dtype: str) -> 
             "mode": e.mode, "dtype": dtype, "measured_ms": m.median_us / 1e3, "p20_ms": m.p20_us / 1e3,
             "p80_ms": m.p80_us / 1e3, "cv": m.cv, "reps": m.reps, "passes": len(medians),
             **({"probe_us": m.probe_us} if math.isfinite(m.probe_us) else {}),
+            **({"host_probe_us": m.host_probe_us} if math.isfinite(m.host_probe_us) else {}),
             "pass_spread": max(medians) / min(medians) - 1.0,
             **({"faults_per_step": m.faults_per_call} if counted else {})}

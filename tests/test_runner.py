@@ -73,6 +73,42 @@ def test_traces_keep_each_workloads_quickest_capture(monkeypatch):
     assert any("2 captures of each workload" in m and "at most 50.0%" in m for m in said)
 
 
+def test_a_capture_that_ran_in_a_host_spell_is_taken_once_more(monkeypatch):
+    """Both captures of "b" read the host probe slow: once both probes read usual again, b is
+    captured a third time, and its quicker capture is kept."""
+    from dataclasses import replace
+
+    from pipeline.harness import spells
+    from pipeline.sweeps import traces
+    from pipeline.sweeps.catalog import WorkloadEntry
+    from pipeline.sweeps.profiles import get_profile
+    from pipeline.workloads import host_time
+
+    entries = [WorkloadEntry("mlp", c, 1, 0, "train") for c in ("a", "b")]
+    taken = []
+
+    def fake_capture(e, dev, profile, ovh, dtype):
+        taken.append(e.config)
+        slow = e.config == "b" and len(taken) < 5
+        return ({"config": e.config, "span_ms": 30.0 if slow else 10.0, "n_ops": 1, "probe_us": 20.0,
+                 "host_probe_us": 9.0 if slow else 3.0}, [{"config": e.config, "op": "aten::mm", "type": "T1",
+                                                           "us": 1.0}])
+
+    monkeypatch.setattr(traces, "workload_entries", lambda profile: entries)
+    monkeypatch.setattr(traces, "_capture", fake_capture)
+    monkeypatch.setattr(host_time, "measure_profiler_overhead", lambda: 0.5)
+    monkeypatch.setattr(spells, "MIN_READINGS", 4)
+    monkeypatch.setattr(spells, "probe_us", lambda: 20.0)
+    monkeypatch.setattr(spells, "host_probe_us", lambda: 3.0)
+    said = []
+    out = traces.sweep_traces(identify("cpu"), replace(get_profile("tiny"), workload_passes=2), log=said.append)
+    assert taken == ["a", "b", "a", "b", "b"]
+    graphs = {g["config"]: g for g in out["workload_graphs"]}
+    assert graphs["b"]["passes"] == 3 and graphs["b"]["host_probe_us"] == 3.0 and graphs["b"]["span_ms"] == 10.0
+    assert graphs["a"]["passes"] == 2
+    assert any("1 captures that ran in a slow spell of a probe taken once more" in m for m in said)
+
+
 def test_runner_rejects_unknown_sweep_and_device(tmp_path, capsys):
     assert runner.main(["conv3d", "--out", str(tmp_path)]) == 2
     assert "conv3d" in capsys.readouterr().err

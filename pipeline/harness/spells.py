@@ -119,6 +119,18 @@ def read_both_around(call):
     return got, slower(before[0], after[0]), slower(before[1], after[1])
 
 
+def usual_pair(readings) -> tuple[float | None, float | None]:
+    """Each probe's usual time (usual_us) over (GEMM probe, host probe) readings."""
+    pairs = [tuple(r) for r in readings]
+    return usual_us([r[0] for r in pairs]), usual_us([r[1] for r in pairs])
+
+
+def pair_in_spell(gemm: float, host: float, usual: tuple[float | None, float | None]) -> bool:
+    """Whether either probe read over SPELL_RATIO times its usual time (None: no usual, no spell)."""
+    return any(u is not None and r is not None and math.isfinite(r) and r > SPELL_RATIO * u
+               for r, u in zip((gemm, host), usual))
+
+
 def wait_until_usual(usual_gemm: float | None, usual_host: float | None, budget_s: float) -> float:
     """Probe until both probes read within SPELL_RATIO of their usual times (a None usual is not
     waited for) or `budget_s` ran out; the seconds waited."""
@@ -131,6 +143,16 @@ def wait_until_usual(usual_gemm: float | None, usual_host: float | None, budget_
     while not quiet() and time.monotonic() - t0 < budget_s:
         time.sleep(WAIT_STEP_S)
     return time.monotonic() - t0
+
+
+def again_when_usual(which, usual: tuple[float | None, float | None], budget_s: float, again) -> float:
+    """again(i) for each i of `which`, each once both probes read their usual times
+    (wait_until_usual), all the waits together at most `budget_s`; the seconds waited."""
+    waited = 0.0
+    for i in which:
+        waited += wait_until_usual(*usual, max(budget_s - waited, 0.0))
+        again(i)
+    return waited
 
 
 WAIT_STEP_S = 0.25  # between two readings while waiting for a quiet machine

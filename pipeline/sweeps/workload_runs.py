@@ -29,7 +29,7 @@ import math
 
 from pipeline.device.discover import DeviceIdentity
 from pipeline.harness.progress import Progress
-from pipeline.harness.spells import SPELL_RATIO, read_both_around, usual_us, wait_until_usual
+from pipeline.harness.spells import again_when_usual, pair_in_spell, read_both_around, usual_pair
 from pipeline.harness.stalls import passes_disagree
 from pipeline.harness.timer import Measurement
 from pipeline.sweeps.catalog import WorkloadEntry, workload_entries
@@ -68,30 +68,17 @@ def sweep_workloads(dev: DeviceIdentity, profile: Profile, log=None, dtype: str 
     # or kept a timing a probe says ran in a slow spell (harness/spells.py): both passes can
     # land in one (2026-11-27 18:13, every DLRM step 1.5x its time re-measured at 18:30, passes
     # 2-12 % apart)
-    usual = _usual(readings) if passes > 1 else (None, None)
-    spell = [_in_spell(m, usual) for m in kept]
+    usual = usual_pair(readings) if passes > 1 else (None, None)
+    spell = [pair_in_spell(m.probe_us, m.host_probe_us, usual) for m in kept]
     again = [i for i in range(len(todo)) if passes > 1 and (passes_disagree(medians[i], kept[i].cv) or spell[i])]
     prog.total += len(again)
-    waited = 0.0
-    for i in again:
-        waited += wait_until_usual(*usual, max(profile.stall_wait_s - waited, 0.0))
-        timed(i, " (passes disagreed or ran in a spell: timed again)")
+    waited = again_when_usual(again, usual, profile.stall_wait_s,
+                              lambda i: timed(i, " (passes disagreed or ran in a spell: timed again)"))
     if again:
         prog.log(f"[workload_runs] {len(again)} steps whose passes disagreed beyond their spread, or whose quicker "
                  f"pass ran in a slow spell of a probe ({sum(spell)}), timed once more; {waited:.0f} s waited "
                  "for the probes' usual times")
     return [_row(e, m, meds, dtype) for e, m, meds in zip(todo, kept, medians)]
-
-
-def _usual(readings: list[tuple[float, float]]) -> tuple[float | None, float | None]:
-    """Each probe's usual time over all of the sweep's readings (spells.usual_us: None with too few)."""
-    return usual_us([r[0] for r in readings]), usual_us([r[1] for r in readings])
-
-
-def _in_spell(m: Measurement, usual: tuple[float | None, float | None]) -> bool:
-    """Whether either probe read over SPELL_RATIO times its usual time around this timing."""
-    return any(u is not None and math.isfinite(r) and r > SPELL_RATIO * u
-               for r, u in zip((m.probe_us, m.host_probe_us), usual))
 
 
 def _measure(dev: DeviceIdentity, profile: Profile, e: WorkloadEntry, dtype: str) -> Measurement:

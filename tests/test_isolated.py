@@ -136,15 +136,18 @@ def test_a_step_whose_passes_both_ran_in_a_spell_is_timed_again(monkeypatch, slo
         t = 1500.0 if len(seen) in (2, 6) else 1000.0  # step 1 on both passes, in one spell
         return Measurement(np.array([t, t, t]), faults_per_call=0.0)
 
-    slow = iter([20.0, 20.0, 30.0, 30.0] + [20.0] * 4 + [20.0, 20.0, 30.0, 30.0] + [20.0] * 20)
+    # two passes of four steps, two readings each; then the wait reads one spell, then usual
+    slow = iter([20.0, 20.0, 30.0, 30.0] + [20.0] * 4 + [20.0, 20.0, 30.0, 30.0] + [20.0] * 4 + [30.0] + [20.0] * 20)
     calm = {"probe_us": 20.0, "host_probe_us": 3.0}
     for name, usual in calm.items():
         monkeypatch.setattr(spells, name, (lambda: next(slow)) if name == slow_probe else (lambda u=usual: u))
     monkeypatch.setattr(isolated, "measure_in_child", fake_child)
     monkeypatch.setattr(spells, "MIN_READINGS", 8)  # the 8 timings of the two passes
-    monkeypatch.setattr(spells.time, "sleep", lambda s: None)
-    profile = replace(get_profile("tiny"), workloads_in_own_process=True, workload_passes=2)
+    slept = []
+    monkeypatch.setattr(spells.time, "sleep", lambda s: slept.append(len(seen)))
+    profile = replace(get_profile("tiny"), workloads_in_own_process=True, workload_passes=2, stall_wait_s=60.0)
     rows = workload_runs.sweep_workloads(identify("cpu"), profile)
+    assert slept == [8]  # one wait, after the two passes and before the step's third timing
     assert len(seen) == 9 and seen[8] == seen[1]
     assert [r["passes"] for r in rows] == [2, 3, 2, 2]
     assert all(r["measured_ms"] == pytest.approx(1.0) for r in rows)

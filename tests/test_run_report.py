@@ -172,6 +172,8 @@ def test_the_summary_sets_the_host_probe_of_the_workload_runs_against_the_traces
     assert "100.0% slower" in text
     older = {**tables, "workload_graphs": pd.DataFrame({"device": "d", "n_ops": [3]})}  # a take before the probe
     assert "host probe" not in render_summary(TablesWarehouse(older), "d")
+    alike = {**tables, "workload_runs": pd.DataFrame({"device": "d", "host_probe_us": [3.9]})}  # 5 % apart
+    assert "host probe" not in render_summary(TablesWarehouse(alike), "d")
 
 
 def test_a_sweep_keeps_the_quicker_probe_reading_and_warns_only_on_a_stall():

@@ -70,7 +70,7 @@ def test_traces_keep_each_workloads_quickest_capture(monkeypatch):
     assert graphs["a"]["passes"] == 2 and graphs["a"]["pass_spread"] == pytest.approx(0.2)
     assert graphs["b"]["pass_spread"] == pytest.approx(0.5)
     assert sorted((r["config"], r["us"]) for r in out["overhead_samples"]) == [("a", 10.0), ("b", 20.0)]
-    assert any("2 captures of each workload" in m and "at most 50.0%" in m for m in said)
+    assert any("2 or more captures of each workload" in m and "at most 50.0%" in m for m in said)
 
 
 def test_a_capture_that_ran_in_a_host_spell_is_taken_once_more(monkeypatch):
@@ -106,7 +106,7 @@ def test_a_capture_that_ran_in_a_host_spell_is_taken_once_more(monkeypatch):
     graphs = {g["config"]: g for g in out["workload_graphs"]}
     assert graphs["b"]["passes"] == 3 and graphs["b"]["host_probe_us"] == 3.0 and graphs["b"]["span_ms"] == 10.0
     assert graphs["a"]["passes"] == 2
-    assert any("1 captures that ran in a slow spell of a probe taken once more" in m for m in said)
+    assert any("1 captures ran in a slow spell of a probe: 1 taken once more" in m for m in said)
 
 
 def test_runner_rejects_unknown_sweep_and_device(tmp_path, capsys):

@@ -182,23 +182,63 @@ def test_a_cpu_measurement_carries_its_probe_reading():
     assert m.probe_us > 0 and m.row()["probe_us"] == m.probe_us
 
 
-def test_the_host_probe_reads_a_tiny_ops_time_and_the_wait_ends_when_both_probes_are_usual(monkeypatch):
-    """host_probe_us is a per-call time (a tiny op: microseconds, not the run of HOST_PROBE_CALLS);
-    wait_until_usual stops at the first reading where both probes are within SPELL_RATIO of their
-    usual times, ignores a probe without one, and never waits past its budget."""
-    assert 0 < spells.host_probe_us() < 1000
-    gemm, host = iter([30.0, 20.0, 20.0]), iter([9.0, 3.0])  # the host probe is read once the GEMM one is usual
-    monkeypatch.setattr(spells, "probe_us", lambda: next(gemm))
-    monkeypatch.setattr(spells, "host_probe_us", lambda: next(host))
+def test_the_host_probe_reads_one_tiny_ops_time(monkeypatch):
+    """A per-call time: a clock that advances 1 µs over each run of HOST_PROBE_CALLS calls reads
+    1/HOST_PROBE_CALLS µs, not the run's 1 µs."""
+    import torch
+
+    clock = iter(range(0, 10**9, 1000))
+    monkeypatch.setattr(spells.time, "perf_counter_ns", lambda: next(clock))
+    calls = []
+    real_add = torch.add
+    monkeypatch.setattr(torch, "add", lambda *a, **k: (calls.append(1), real_add(*a, **k))[1])
+    got = spells.host_probe_us()
+    assert got == pytest.approx(1.0 / spells.HOST_PROBE_CALLS)
+    assert len(calls) == 1 + spells.PROBE_REPS * spells.HOST_PROBE_CALLS
+
+
+def test_the_wait_ends_when_both_probes_read_usual(monkeypatch):
+    """Each probe reads slow until the machine has slept twice, whichever is read first; a probe
+    without a usual time is not waited for; the wait never passes its budget."""
     slept = []
     monkeypatch.setattr(spells.time, "sleep", slept.append)
-    spells.wait_until_usual(20.0, 3.0, budget_s=60.0)
-    assert len(slept) == 2  # slow GEMM probe, then slow host probe, then both usual
-    monkeypatch.setattr(spells, "probe_us", lambda: 99.0)
-    monkeypatch.setattr(spells, "host_probe_us", lambda: 99.0)
-    assert spells.wait_until_usual(None, None, budget_s=60.0) < 1.0  # nothing to wait for
+    monkeypatch.setattr(spells, "probe_us", lambda: 20.0 if len(slept) >= 1 else 30.0)
+    monkeypatch.setattr(spells, "host_probe_us", lambda: 3.0 if len(slept) >= 2 else 9.0)
+    assert spells._wait(20.0, 3.0, budget_s=60.0)[1] and len(slept) == 2
+    slept.clear()
+    assert spells._wait(None, None, budget_s=60.0) == (pytest.approx(0.0, abs=0.5), True) and not slept
     monkeypatch.setattr(spells.time, "sleep", lambda s: None)
-    assert spells.wait_until_usual(20.0, None, budget_s=0.05) >= 0.05
+    monkeypatch.setattr(spells, "probe_us", lambda: 99.0)
+    waited, quiet = spells._wait(20.0, None, budget_s=0.05)
+    assert waited >= 0.05 and not quiet
+
+
+def test_a_spell_that_outlasts_the_wait_leaves_the_spell_only_items(monkeypatch):
+    """The first wait runs out in the spell: the items flagged for the spell alone are left, the
+    others are done all the same, and the waits stay within the budget."""
+    budgets = []
+
+    def wait(g, h, budget_s):
+        budgets.append(budget_s)
+        return budget_s, False  # the spell outlasts every wait
+
+    monkeypatch.setattr(spells, "_wait", wait)
+    done = []
+    waited, left = spells.again_when_usual([0, 1, 2, 3], (20.0, 3.0), 10.0, done.append, spell_only={0, 2})
+    assert done == [1, 3] and left == 2 and waited == 10.0 and budgets == [10.0]
+    monkeypatch.setattr(spells, "_wait", lambda g, h, budget_s: (1.0, True))  # usual at once each time
+    done.clear()
+    assert spells.again_when_usual([0, 1, 2], (20.0, 3.0), 10.0, done.append, spell_only={0, 1}) == (3.0, 0)
+    assert done == [0, 1, 2]
+
+
+def test_either_probe_can_say_spell_and_a_missing_reading_says_nothing():
+    usual = (20.0, 3.0)
+    assert spells.pair_in_spell(25.0, 3.0, usual) and spells.pair_in_spell(20.0, 4.0, usual)
+    assert not spells.pair_in_spell(23.0, 3.5, usual)
+    assert not spells.pair_in_spell(float("nan"), None, usual)
+    assert not spells.pair_in_spell(99.0, 99.0, (None, None))
+    assert spells.usual_pair([(20.0, float("nan"))] * spells.MIN_READINGS) == (20.0, None)
 
 
 def test_a_gpu_times_nothing_again(monkeypatch):

@@ -115,13 +115,19 @@ def _medians(warehouse, device: str, tables: tuple[str, ...], column: str) -> di
     return med
 
 
+HOST_SPEED_APART = 0.10  # host probe medians closer than this: no line (the probe's two states are ~2x apart)
+
+
 def _host_speed(warehouse, device: str) -> list[str]:
     """One line: how fast the host ran ops (the host probe, harness/spells.py) around the workload
-    runs against around the traces their overheads come from; nothing without both readings."""
+    runs against around the traces their overheads come from; nothing without both readings or
+    when they are within HOST_SPEED_APART."""
     med = _medians(warehouse, device, ("workload_graphs", "workload_runs"), "host_probe_us")
     if len(med) < 2:
         return []
     d = med["workload_runs"] / med["workload_graphs"] - 1.0
+    if abs(d) < HOST_SPEED_APART:
+        return []
     return [f"host speed: a tiny op took {med['workload_graphs']:.2f} us (the host probe's median) while the "
             f"workloads were traced and {med['workload_runs']:.2f} us while they were timed, {abs(d):.1%} "
             f"{'slower' if d > 0 else 'faster'}: the steps of many small ops (DLRM, batch 1) move with it, and "

@@ -66,16 +66,18 @@ def sweep_traces(dev: DeviceIdentity, profile: Profile, log=None, dtype: str = "
     again = [i for i in range(len(todo)) if pair_in_spell(kept[i][0].get("probe_us"), kept[i][0].get("host_probe_us"),
                                                          usual)]
     prog.total += len(again)
-    waited = again_when_usual(again, usual, profile.stall_wait_s,
-                              lambda i: take(i, " (ran in a slow spell of a probe: captured again)"))
+    waited, left = again_when_usual(again, usual, profile.stall_wait_s,
+                                    lambda i: take(i, " (ran in a slow spell of a probe: captured again)"), set(again))
+    prog.total -= left  # left as they were: never stepped
     if again:
-        prog.log(f"[traces] {len(again)} captures that ran in a slow spell of a probe taken once more; {waited:.0f} s "
-                 "waited for the probes' usual times")
+        prog.log(f"[traces] {len(again)} captures ran in a slow spell of a probe: {len(again) - left} taken once more "
+                 f"after {waited:.0f} s waiting for the probes' usual times" +
+                 (f", {left} left as they were when the wait ran out in the spell" if left else ""))
     graphs = [{**kept[i][0], "passes": len(spans[i]), "pass_spread": max(spans[i]) / min(spans[i]) - 1.0}
               for i in range(len(todo))]
     if passes > 1:
         spread = sorted(g["pass_spread"] for g in graphs)
-        prog.log(f"[traces] {passes} captures of each workload, the quickest kept: their spans differed by "
+        prog.log(f"[traces] {passes} or more captures of each workload, the quickest kept: their spans differed by "
                  f"{spread[len(spread) // 2]:.1%} (median), at most {spread[-1]:.1%}")
     return {"workload_graphs": graphs, "overhead_samples": [r for i in range(len(todo)) for r in kept[i][1]]}
 

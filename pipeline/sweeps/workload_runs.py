@@ -72,12 +72,15 @@ def sweep_workloads(dev: DeviceIdentity, profile: Profile, log=None, dtype: str 
     spell = [pair_in_spell(m.probe_us, m.host_probe_us, usual) for m in kept]
     again = [i for i in range(len(todo)) if passes > 1 and (passes_disagree(medians[i], kept[i].cv) or spell[i])]
     prog.total += len(again)
-    waited = again_when_usual(again, usual, profile.stall_wait_s,
-                              lambda i: timed(i, " (passes disagreed or ran in a spell: timed again)"))
+    spell_only = {i for i in again if not passes_disagree(medians[i], kept[i].cv)}
+    waited, left = again_when_usual(again, usual, profile.stall_wait_s,
+                                    lambda i: timed(i, " (passes disagreed or ran in a spell: timed again)"), spell_only)
+    prog.total -= left  # left as they were: never stepped
     if again:
         prog.log(f"[workload_runs] {len(again)} steps whose passes disagreed beyond their spread, or whose quicker "
-                 f"pass ran in a slow spell of a probe ({sum(spell)}), timed once more; {waited:.0f} s waited "
-                 "for the probes' usual times")
+                 f"pass ran in a slow spell of a probe ({sum(spell)}): {len(again) - left} timed once more after "
+                 f"{waited:.0f} s waiting for the probes' usual times" +
+                 (f", {left} left as they were when the wait ran out in the spell" if left else ""))
     return [_row(e, m, meds, dtype) for e, m, meds in zip(todo, kept, medians)]
 
 

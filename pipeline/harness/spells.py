@@ -17,10 +17,10 @@ a usual time taken from the first few would be a spell's if the sweep began in o
 
 The GEMM probe does not see every kind of spell. A second probe times the host's side of an op:
 a tiny `add` called HOST_PROBE_CALLS times (the interpreter, the dispatcher and the allocator, no
-arithmetic to speak of). On the Zen 3 EPYC VM (2026-11-29 05:00, `make`-idle, 2 threads), read
+arithmetic to speak of). On the Zen 3 EPYC VM (2026-11-29 04:50-04:55, nothing else running, 2 threads), read
 every ~1.3 s for 5 minutes (738 readings) beside 15 training steps of dlrm_ddp-cpu at batch 32
 in the same process, the host probe read 3.6 µs a call for minutes at a time and 6.6-9 µs for
-minutes at a time (quartiles of 50 calls: 182 and 410 µs), and the step ran 2.6-3.1 ms in the
+minutes at a time (10th and 90th percentiles of 50 calls: 182 and 410 µs), and the step ran 2.6-3.1 ms in the
 first state and 4.7-7.8 ms in the second. The log step time's correlation with the host probe
 was 0.87; with the GEMM probe 0.14 (it read 66-92 µs in both states), with a random 128-byte row
 gather from a 128 MB table 0.71 and with a 64 MB copy 0.61. A step of many small ops (DLRM at
@@ -125,7 +125,7 @@ def usual_pair(readings) -> tuple[float | None, float | None]:
     return usual_us([r[0] for r in pairs]), usual_us([r[1] for r in pairs])
 
 
-def pair_in_spell(gemm: float, host: float, usual: tuple[float | None, float | None]) -> bool:
+def pair_in_spell(gemm: float | None, host: float | None, usual: tuple[float | None, float | None]) -> bool:
     """Whether either probe read over SPELL_RATIO times its usual time (None: no usual, no spell)."""
     return any(u is not None and r is not None and math.isfinite(r) and r > SPELL_RATIO * u
                for r, u in zip((gemm, host), usual))
@@ -145,9 +145,9 @@ def _wait(usual_gemm: float | None, usual_host: float | None, budget_s: float) -
         return ((usual_gemm is None or probe_us() <= SPELL_RATIO * usual_gemm)
                 and (usual_host is None or host_probe_us() <= SPELL_RATIO * usual_host))
 
-    while not (usual := quiet()) and time.monotonic() - t0 < budget_s:
+    while not (now_quiet := quiet()) and time.monotonic() - t0 < budget_s:
         time.sleep(WAIT_STEP_S)
-    return time.monotonic() - t0, usual
+    return time.monotonic() - t0, now_quiet
 
 
 def again_when_usual(which, usual: tuple[float | None, float | None], budget_s: float, again,

@@ -21,7 +21,8 @@ step of many small ops is made of (on the Zen 3 EPYC VM a DLRM step at batch 32 
 for minutes while the host probe read 3.6 µs a call, and 4.7-7.8 ms while it read 6.6-9). Each
 probe's usual time is the lower quartile of its readings around every timing of the sweep, all
 passes, and before the extra timing the sweep waits for both probes to read it again, at most
-the profile's `stall_wait_s` over all such steps together.
+the profile's `stall_wait_s` over all such steps together. Once a wait runs out in the spell,
+the steps flagged for a spell alone keep their timing (spells.again_when_usual).
 """
 from __future__ import annotations
 

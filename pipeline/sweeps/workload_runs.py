@@ -71,9 +71,10 @@ def sweep_workloads(dev: DeviceIdentity, profile: Profile, log=None, dtype: str 
     # 2-12 % apart)
     usual = usual_pair(readings) if passes > 1 else (None, None)
     spell = [pair_in_spell(m.probe_us, m.host_probe_us, usual) for m in kept]
-    again = [i for i in range(len(todo)) if passes > 1 and (passes_disagree(medians[i], kept[i].cv) or spell[i])]
+    disagree = [passes > 1 and passes_disagree(medians[i], kept[i].cv) for i in range(len(todo))]
+    again = [i for i in range(len(todo)) if disagree[i] or spell[i]]
     prog.total += len(again)
-    spell_only = {i for i in again if not passes_disagree(medians[i], kept[i].cv)}
+    spell_only = {i for i in again if not disagree[i]}
     waited, left = again_when_usual(again, usual, profile.stall_wait_s,
                                     lambda i: timed(i, " (passes disagreed or ran in a spell: timed again)"), spell_only)
     prog.total -= left  # left as they were: never stepped

@@ -156,7 +156,7 @@ def test_the_summary_sets_the_workload_runs_speed_probe_against_the_gemm_sweeps(
     assert "a stalled probe, not the machine drifting" in text and "faster" not in text
 
 
-def test_the_summary_sets_the_host_probe_of_the_workload_runs_against_the_traces():
+def test_the_summary_sets_the_host_probe_of_the_workload_runs_against_the_tables_and_traces():
     import pandas as pd
 
     from pipeline.analysis.report import render_summary
@@ -166,14 +166,20 @@ def test_the_summary_sets_the_host_probe_of_the_workload_runs_against_the_traces
                            "active_measured_ms": 0.5}])
     tables = {"predictions": preds,
               "workload_graphs": pd.DataFrame({"device": "d", "host_probe_us": [3.6, 3.7, 9.0]}),
-              "workload_runs": pd.DataFrame({"device": "d", "host_probe_us": [7.0, 7.4, 7.4]})}
+              "workload_runs": pd.DataFrame({"device": "d", "host_probe_us": [7.0, 7.4, 7.4]}),
+              "gemm_samples": pd.DataFrame({"device": "d", "host_probe_us": [4.0, 4.2, float("nan")]})}
     text = render_summary(TablesWarehouse(tables), "d")
-    assert "a tiny op took 3.70 us (the host probe's median) while the workloads were traced and 7.40 us" in text
-    assert "100.0% slower" in text
-    older = {**tables, "workload_graphs": pd.DataFrame({"device": "d", "n_ops": [3]})}  # a take before the probe
+    assert ("a tiny op took (the host probe's median) 4.10 us during the GEMM sweep, 3.70 us during the traces, "
+            "7.40 us during the workload runs:") in text
+    older = {**tables, "workload_graphs": pd.DataFrame({"device": "d", "n_ops": [3]}),  # a take before the probe
+             "gemm_samples": pd.DataFrame({"device": "d", "probe_us": [80.0]})}
     assert "host probe" not in render_summary(TablesWarehouse(older), "d")
-    alike = {**tables, "workload_runs": pd.DataFrame({"device": "d", "host_probe_us": [3.9]})}  # 5 % apart
+    alike = {**tables, "workload_runs": pd.DataFrame({"device": "d", "host_probe_us": [3.9]})}  # 5-11 % apart
+    assert "host probe" in render_summary(TablesWarehouse(alike), "d")
+    alike["gemm_samples"] = pd.DataFrame({"device": "d", "host_probe_us": [3.8]})  # all within 10 %
     assert "host probe" not in render_summary(TablesWarehouse(alike), "d")
+    no_runs = {k: v for k, v in tables.items() if k != "workload_runs"}
+    assert "host probe" not in render_summary(TablesWarehouse(no_runs), "d")
 
 
 def test_a_sweep_keeps_the_quicker_probe_reading_and_warns_only_on_a_stall():

@@ -80,8 +80,9 @@ def test_suspect_rows_are_timed_again_and_only_a_quicker_unstalled_timing_replac
     assert [i for i, r in enumerate(rows) if r["suspect"]] == sorted(flagged)
     assert said == [f"{len(flagged)} rows timed once more: {len(flagged)} of {len(flagged)} more than "
                     f"{sp.SUSPECT_RATIO:g}x over their {sp.NEIGHBOURS} nearest neighbours' surface, quicker for 1; 0 of "
-                    "the 0 others timed in a slow spell of the probe, quicker for 0 (on a machine whose state never "
-                    "changed, 1 time in 3 after two visits); 0 s waited for the probe's usual time"]
+                    "the 0 others timed in a slow spell of the probe, quicker for 0; 0 of the 0 others timed while the "
+                    "host probe read slow, quicker for 0 (on a machine whose state never changed, 1 time in 3 after two "
+                    "visits); 0 s waited for the probes' usual times"]
 
 
 def test_rows_timed_in_a_spell_are_timed_again_held_out_ones_too(monkeypatch):
@@ -175,11 +176,12 @@ def test_in_spell_needs_enough_readings_and_flags_only_slow_ones():
     assert got.tolist() == [False] * MIN_READINGS + [True, False, False]
 
 
-def test_a_cpu_measurement_carries_its_probe_reading():
+def test_a_cpu_measurement_carries_both_probes_readings():
     from pipeline.harness.timer import measure
 
     m = measure(lambda: sum(range(100)), SPEC, "cpu")
     assert m.probe_us > 0 and m.row()["probe_us"] == m.probe_us
+    assert m.host_probe_us > 0 and m.row()["host_probe_us"] == m.host_probe_us
 
 
 def test_the_host_probe_reads_one_tiny_ops_time(monkeypatch):
@@ -204,12 +206,12 @@ def test_the_wait_ends_when_both_probes_read_usual(monkeypatch):
     monkeypatch.setattr(spells.time, "sleep", slept.append)
     monkeypatch.setattr(spells, "probe_us", lambda: 20.0 if len(slept) >= 1 else 30.0)
     monkeypatch.setattr(spells, "host_probe_us", lambda: 3.0 if len(slept) >= 2 else 9.0)
-    assert spells._wait(20.0, 3.0, budget_s=60.0)[1] and len(slept) == 2
+    assert spells.wait_until_usual(20.0, 3.0, budget_s=60.0)[1] and len(slept) == 2
     slept.clear()
-    assert spells._wait(None, None, budget_s=60.0) == (pytest.approx(0.0, abs=0.5), True) and not slept
+    assert spells.wait_until_usual(None, None, budget_s=60.0) == (pytest.approx(0.0, abs=0.5), True) and not slept
     monkeypatch.setattr(spells.time, "sleep", lambda s: None)
     monkeypatch.setattr(spells, "probe_us", lambda: 99.0)
-    waited, quiet = spells._wait(20.0, None, budget_s=0.05)
+    waited, quiet = spells.wait_until_usual(20.0, None, budget_s=0.05)
     assert waited >= 0.05 and not quiet
 
 
@@ -222,11 +224,11 @@ def test_a_spell_that_outlasts_the_wait_leaves_the_spell_only_items(monkeypatch)
         budgets.append(budget_s)
         return budget_s, False  # the spell outlasts every wait
 
-    monkeypatch.setattr(spells, "_wait", wait)
+    monkeypatch.setattr(spells, "wait_until_usual", wait)
     done = []
     waited, left = spells.again_when_usual([0, 1, 2, 3], (20.0, 3.0), 10.0, done.append, spell_only={0, 2})
     assert done == [1, 3] and left == 2 and waited == 10.0 and budgets == [10.0]
-    monkeypatch.setattr(spells, "_wait", lambda g, h, budget_s: (1.0, True))  # usual at once each time
+    monkeypatch.setattr(spells, "wait_until_usual", lambda g, h, budget_s: (1.0, True))  # usual at once each time
     done.clear()
     assert spells.again_when_usual([0, 1, 2], (20.0, 3.0), 10.0, done.append, spell_only={0, 1}) == (3.0, 0)
     assert done == [0, 1, 2]
@@ -264,7 +266,7 @@ def test_the_utility_sweep_marks_its_training_rows(monkeypatch):
     said = []
     rows = utility.sweep_utility(identify("cpu"), prof, log=said.append)
     assert {r["op"] for r in rows} == {"relu", "softmax", "copy_rows"}
-    assert rows and all(isinstance(r["suspect"], bool) and r["probe_us"] > 0 for r in rows)
+    assert rows and all(isinstance(r["suspect"], bool) and r["probe_us"] > 0 and r["host_probe_us"] > 0 for r in rows)
     flagged = sum(r["suspect"] for r in rows)
     assert flagged == 0 or any(m.startswith(f"{flagged} rows timed once more: ") for m in said)
 
@@ -282,24 +284,104 @@ def test_a_measure_in_a_spell_says_so_against_the_calibrations_probe():
 
 def test_the_spell_waits_stay_within_the_budget_the_sweep_gives(monkeypatch):
     """All spell rows together wait no longer than the profile's wait for a quiet machine
-    (stall_wait_s), and never over MAX_WAIT_S."""
+    (stall_wait_s), and never over MAX_WAIT_S; once it is spent each row reads the probes once,
+    and a spell row whose probes still read slow keeps its timing."""
     budgets = []
 
     def wait(usual, budget_s):  # the probe never reads its usual time: each wait spends its cap
         budgets.append(budget_s)
-        return min(budget_s, 3.0)
+        return min(budget_s, 3.0), False
 
     monkeypatch.setattr(sp, "_wait_for_usual", wait)
-    monkeypatch.setattr(sp, "measure", lambda fn, spec, device, l2_bytes=0: Measurement(np.full(3, 60.0),
-                                                                                           cpu_util=2.0))
+    monkeypatch.setattr(sp, "measure", lambda *a, **k: pytest.fail("a row still in its spell is not re-timed"))
     from pipeline.sweeps.profiles import get_profile
 
-    def first_budgets(stall_wait_s):
+    def first_budgets(stall_wait_s, said=None):
         budgets.clear()
-        sp.revisit_suspects(*_spell_rows(5, n_calm=20), SPEC, "cpu", [None] * 25, None, stall_wait_s=stall_wait_s)
+        rows, makers = _spell_rows(5, n_calm=20)
+        sp.revisit_suspects(rows, makers, SPEC, "cpu", [None] * 25, None, stall_wait_s=stall_wait_s,
+                            log=said.append if said is not None else None)
+        assert not any(r["suspect"] for r in rows)
         return list(budgets)
 
-    assert first_budgets(4.0) == [4.0, 1.0]  # 3 s waited, then the last 1 s; the other rows time at once
+    said = []
+    assert first_budgets(4.0, said) == [4.0, 1.0, 0.0, 0.0, 0.0]  # 3 s waited, then the last 1 s, then none
+    assert said[0].startswith("0 rows timed once more") and said[0].endswith(
+        "4 s waited for the probes' usual times, 5 rows left as timed in a spell that outlasted the wait")
     assert first_budgets(2.0)[0] == 2.0 and first_budgets(60.0)[0] == sp.MAX_WAIT_S
     assert first_budgets(get_profile("tiny").stall_wait_s)[0] == 2.0
     assert first_budgets(get_profile("quick").stall_wait_s)[0] == sp.MAX_WAIT_S  # a calibration's, as before
+
+
+def test_rows_timed_while_the_host_ran_slow_are_timed_again_once_it_runs_usual(monkeypatch):
+    """The host probe flags rows on its own (a GEMM probe that read usual throughout): the re-timing
+    waits for the host probe's usual time; a held-out row is re-timed too; a row whose wait ran out
+    with the host still slow keeps its timing; the log counts them apart from the GEMM probe's."""
+    n = 40
+    rows = [{"median_us": 50.0, "cv": 0.01, "probe_us": 23.0, "host_probe_us": 3.6} for _ in range(n)]
+    for i in (4, 9, 17):
+        rows[i]["host_probe_us"] = 7.5  # the slow state; row 9 is held out
+    host_reads = []
+
+    def host_probe():  # slow for the first wait's readings (about 3 s at 0.25 s a step), usual after
+        host_reads.append(1)
+        return 3.6 if len(host_reads) > 3 / spells.WAIT_STEP_S + 2 else 8.0
+
+    clock = iter(np.arange(0.0, 10**4, spells.WAIT_STEP_S))
+    monkeypatch.setattr(spells.time, "monotonic", lambda: next(clock))
+    monkeypatch.setattr(spells.time, "sleep", lambda s: None)
+    monkeypatch.setattr(spells, "probe_us", lambda: 23.0)
+    monkeypatch.setattr(spells, "host_probe_us", host_probe)
+    timed = []
+
+    def fake_measure(fn, spec, device, l2_bytes=0):
+        timed.append(fn())
+        return Measurement(np.full(3, 40.0), cpu_util=2.0)
+
+    monkeypatch.setattr(sp, "measure", fake_measure)
+    makers = [lambda i=i: (lambda: i) for i in range(n)]
+    groups = [None if i == 9 else "g" for i in range(n)]
+    coords = np.array([(i + 1, 1) for i in range(n)], float)
+    said = []
+    assert sp.revisit_suspects(rows, makers, SPEC, "cpu", groups, coords, log=said.append) == 2
+    assert len(timed) == 2 and set(timed) < {4, 9, 17}  # the first one's wait ran out in the slow state
+    assert [i for i, r in enumerate(rows) if r["suspect"]] == sorted(timed)
+    assert all(rows[i]["median_us"] == 40.0 for i in timed) and sum(r["median_us"] == 40.0 for r in rows) == 2
+    assert "0 of the 0 others timed in a slow spell of the probe" in said[0]
+    assert "2 of the 3 others timed while the host probe read slow, quicker for 2" in said[0]
+    assert said[0].endswith("1 rows left as timed in a spell that outlasted the wait")
+
+
+def test_a_measure_says_which_probe_read_slow_against_the_calibrations_own(monkeypatch, capsys):
+    """`--measure`'s note reads the GEMM probe against the GEMM sweep's readings and the host probe
+    against the GEMM sweep's and the traces' (the overheads' source); a missing table says nothing."""
+    import pandas as pd
+
+    from pipeline.cli import predict as cli_predict
+    from pipeline.core.errors import DevcharError
+    from pipeline.harness.spells import MIN_READINGS
+
+    tables = {"gemm_samples": pd.DataFrame({"probe_us": [22.7] * MIN_READINGS,
+                                            "host_probe_us": [3.6] * 10 + [float("nan")] * (MIN_READINGS - 10)}),
+              "workload_graphs": pd.DataFrame({"host_probe_us": [3.7] * 10, "probe_us": [99.0] * 10})}
+
+    class Rows:
+        def device_rows(self, table, device):
+            if table not in tables:
+                raise DevcharError(f"no {table}")
+            return tables[table]
+
+    monkeypatch.setattr(cli_predict, "warehouse", Rows)
+    monkeypatch.setattr(cli_predict, "local_slug", lambda d: "cpu-x")
+    cli_predict._say_spell("cpu-x", Measurement(np.ones(3), probe_us=23.0, host_probe_us=7.5))
+    out = capsys.readouterr().out
+    assert "the host probe (a tiny op's time a call) read 7.50 us around this timing against 3.60 us usual" in out
+    assert "spell probe" not in out  # 23.0 against 22.7: the GEMM probe read its usual time
+    cli_predict._say_spell("cpu-x", Measurement(np.ones(3), probe_us=40.0, host_probe_us=3.7))
+    out = capsys.readouterr().out
+    assert "the spell probe read 40.0 us around this timing against 22.7 us usual" in out and "host" not in out
+    del tables["workload_graphs"]  # 10 host readings: too few to say
+    cli_predict._say_spell("cpu-x", Measurement(np.ones(3), probe_us=23.0, host_probe_us=7.5))
+    assert capsys.readouterr().out == ""
+    cli_predict._say_spell("cpu-other", Measurement(np.ones(3), probe_us=99.0))  # another machine's calibration
+    assert capsys.readouterr().out == ""

@@ -116,22 +116,25 @@ def _medians(warehouse, device: str, tables: tuple[str, ...], column: str) -> di
 
 
 HOST_SPEED_APART = 0.10  # host probe medians closer than this: no line (the probe's two states are ~2x apart)
+# where the host probe is read (harness/spells.py), in the order a take runs them: table -> when
+HOST_PHASES = {"gemm_samples": "the GEMM sweep", "utility_samples": "the utility sweep",
+               "attention_samples": "the attention sweep", "embedding_samples": "the embedding sweep",
+               "memory_samples": "the memory sweep", "workload_graphs": "the traces",
+               "workload_runs": "the workload runs"}
 
 
 def _host_speed(warehouse, device: str) -> list[str]:
-    """One line: how fast the host ran ops (the host probe, harness/spells.py) around the workload
-    runs against around the traces their overheads come from; nothing without both readings or
-    when they are within HOST_SPEED_APART."""
-    med = _medians(warehouse, device, ("workload_graphs", "workload_runs"), "host_probe_us")
-    if len(med) < 2:
+    """One line: how fast the host ran ops (the host probe's median per table, harness/spells.py)
+    in each sweep of the take, the kernel sweeps the tables are fitted on, the traces the shared
+    overheads come from and the workload runs they are scored against; nothing without the runs'
+    readings and one other's, or when all are within HOST_SPEED_APART."""
+    med = _medians(warehouse, device, tuple(HOST_PHASES), "host_probe_us")
+    if "workload_runs" not in med or len(med) < 2 or max(med.values()) < (1 + HOST_SPEED_APART) * min(med.values()):
         return []
-    d = med["workload_runs"] / med["workload_graphs"] - 1.0
-    if abs(d) < HOST_SPEED_APART:
-        return []
-    return [f"host speed: a tiny op took {med['workload_graphs']:.2f} us (the host probe's median) while the "
-            f"workloads were traced and {med['workload_runs']:.2f} us while they were timed, {abs(d):.1%} "
-            f"{'slower' if d > 0 else 'faster'}: the steps of many small ops (DLRM, batch 1) move with it, and "
-            f"their shared overheads come from the traces"]
+    said = ", ".join(f"{us:.2f} us during {HOST_PHASES[t]}" for t, us in med.items())
+    return [f"host speed: a tiny op took (the host probe's median) {said}: small-op kernel rows and the steps of "
+            "many small ops (DLRM, batch 1) move with it, so predictions off by about the ratio between the "
+            "tables' sweeps or traces and the runs are the host's state, not the model"]
 
 
 _TITLES = {"gpt2": "GPT-2 forward", "dlrm": "DLRM training step"}

@@ -52,25 +52,32 @@ def predict_captured(args) -> int:
         m, medians = pc.measure_call(model, inputs)
         err = (out["e2e_us"] - m.median_us) / m.median_us
         print(f"measured {m.median_us / 1e3:.2f} ms here ({_blocks_said(medians)}): error {err:+.1%}")
-        _say_spell(args.device, m.probe_us)
+        _say_spell(args.device, m)
     say_fallbacks()
     return 0
 
 
-def _say_spell(device: str, reading: float) -> None:
-    """Whether the spell probe read the machine slower during a --measure than during the
-    device's calibration (the GEMM sweep's readings; harness/spells.py)."""
+def _say_spell(device: str, m) -> None:
+    """Whether the spell probes read the machine slower during a --measure (Measurement `m`) than
+    during the device's calibration (harness/spells.py): the GEMM probe against the GEMM sweep's
+    readings, the host probe against the readings of the GEMM sweep and the traces the shared
+    overheads come from."""
     from pipeline.harness.spells import spell_note
 
     if device != local_slug(None):  # another machine's calibration: its probe is not this one's
         return
-    try:
-        rows = warehouse().device_rows("gemm_samples", device)
-    except DevcharError:
-        return
-    note = spell_note(reading, rows["probe_us"] if "probe_us" in rows else [])
-    if note:
-        print(note)
+    readings = {"probe_us": [], "host_probe_us": []}
+    for table in ("gemm_samples", "workload_graphs"):
+        try:
+            rows = warehouse().device_rows(table, device)
+        except DevcharError:
+            continue
+        for col in readings if table == "gemm_samples" else ("host_probe_us",):
+            readings[col] += rows[col].tolist() if col in rows else []
+    for col, probe in (("probe_us", "the spell probe"), ("host_probe_us", "the host probe (a tiny op's time a call)")):
+        note = spell_note(getattr(m, col), readings[col], probe)
+        if note:
+            print(note)
 
 
 def _free_probe(device: str) -> dict:
@@ -189,7 +196,7 @@ def cmd_what_if(args) -> int:
         best = got.get("e2e_shared", got["kernel_only"])
         print(f"measured here: {m.median_us / 1e3:.2f} ms ({_blocks_said(medians)}): "
               f"e2e_shared error {(best - m.median_us) / m.median_us:+.1%}")
-        _say_spell(args.device, m.probe_us)
+        _say_spell(args.device, m)
     return 0
 
 

@@ -24,7 +24,8 @@ KEY = {"device": "str", "run_id": "str"}
 MEASURED = {"median_us": "float", "p20_us": "float", "p80_us": "float", "cv": "float", "reps": "int", "noisy": "bool"}
 HARNESS = {"remeasured": "bool", "stalled": "bool", "cpu_util": "float", "timing_method": "str",
            "faults_per_call": "float", "canary_us": "float",
-           "visits": "int", "first_us": "float", "suspect": "bool", "probe_us": "float"}  # added after the first tables: optional
+           "visits": "int", "first_us": "float", "suspect": "bool", "probe_us": "float",
+           "host_probe_us": "float"}  # added after the first tables: optional
 TIMES = {"median_us": ">0", "p20_us": ">0", "p80_us": ">0"}
 GEMM = {"op": "str", "dtype": "str", "layout": "str", "batch": "int", "m": "int", "n": "int", "k": "int",
         "kernel": "str", "tile_m": "int", "tile_n": "int", "split_k": "int", "slots": "int", "blocks": "int",

@@ -11,8 +11,8 @@ of those that read more than 1.2x the op's usual time; among the rest 1-10 % rea
 12-27 % overall. The probe costs ~0.5 ms a timing.
 
 `measure` (timer.py) takes a reading before and after each CPU timing and the row keeps the
-slower (`probe_us`); at the end of a sweep, rows whose reading is SPELL_RATIO over the sweep's
-lower quartile are timed again (suspects.py). The decision waits for the whole sweep's readings:
+slower (`probe_us`, and `host_probe_us` for the second probe below); at the end of a sweep, rows
+whose reading is SPELL_RATIO over the sweep's lower quartile are timed again (suspects.py). The decision waits for the whole sweep's readings:
 a usual time taken from the first few would be a spell's if the sweep began in one.
 
 The GEMM probe does not see every kind of spell. A second probe times the host's side of an op:
@@ -24,7 +24,10 @@ minutes at a time (10th and 90th percentiles of 50 calls: 182 and 410 µs), and 
 first state and 4.7-7.8 ms in the second. The log step time's correlation with the host probe
 was 0.87; with the GEMM probe 0.14 (it read 66-92 µs in both states), with a random 128-byte row
 gather from a 128 MB table 0.71 and with a 64 MB copy 0.61. A step of many small ops (DLRM at
-small batch, a model's batch-1 forward) is host work, and the workload sweep reads both probes.
+small batch, a model's batch-1 forward) is host work. Since 2026-11-29 every CPU timing reads both
+probes: kernel rows (`measure`), workload steps, trace captures and `--measure`. The kernel rows'
+small ops move with the host state too, and a take whose tables were timed in one state and whose
+steps in the other disagrees by about the states' ratio.
 """
 from __future__ import annotations
 
@@ -131,14 +134,10 @@ def pair_in_spell(gemm: float | None, host: float | None, usual: tuple[float | N
                for r, u in zip((gemm, host), usual))
 
 
-def wait_until_usual(usual_gemm: float | None, usual_host: float | None, budget_s: float) -> float:
+def wait_until_usual(usual_gemm: float | None, usual_host: float | None, budget_s: float) -> tuple[float, bool]:
     """Probe until both probes read within SPELL_RATIO of their usual times (a None usual is not
-    waited for) or `budget_s` ran out; the seconds waited."""
-    return _wait(usual_gemm, usual_host, budget_s)[0]
-
-
-def _wait(usual_gemm: float | None, usual_host: float | None, budget_s: float) -> tuple[float, bool]:
-    """(seconds waited, whether both probes read usual before the budget ran out)."""
+    waited for) or `budget_s` ran out (0: one reading of each). Returns (the seconds waited,
+    whether both read usual at the end)."""
     t0 = time.monotonic()
 
     def quiet() -> bool:
@@ -160,7 +159,7 @@ def again_when_usual(which, usual: tuple[float | None, float | None], budget_s: 
     waited, left, still = 0.0, 0, False
     for i in which:
         if not still:
-            w, quiet = _wait(*usual, max(budget_s - waited, 0.0))
+            w, quiet = wait_until_usual(*usual, max(budget_s - waited, 0.0))
             waited, still = waited + w, not quiet
         if still and i in spell_only:
             left += 1
@@ -176,14 +175,15 @@ def slower(before: float, after: float) -> float:
     return max(before, after) if math.isfinite(before) and math.isfinite(after) else float("nan")
 
 
-def spell_note(reading: float, calibration_readings) -> str | None:
-    """A line for a one-off measurement (`--measure`) whose probe reading is SPELL_RATIO over the
-    lower quartile of the calibration's (`probe_us` of its rows): the machine ran slower than
-    when it was calibrated, and an error of about that much is the machine's. None otherwise, or
-    without readings."""
+def spell_note(reading: float, calibration_readings, probe: str = "the spell probe") -> str | None:
+    """A line for a one-off measurement (`--measure`) whose `probe` reading is SPELL_RATIO over
+    the lower quartile of the calibration's readings of the same probe (`probe_us` or
+    `host_probe_us` of its rows): the machine ran slower than when it was calibrated, and an error
+    of about that much is the machine's. None otherwise, or without readings."""
     usual = usual_us(calibration_readings)
-    if not math.isfinite(reading) or usual is None or reading <= SPELL_RATIO * usual:
+    if reading is None or not math.isfinite(reading) or usual is None or reading <= SPELL_RATIO * usual:
         return None
-    return (f"the spell probe read {reading:.1f} us around this timing against {usual:.1f} us usual in the "
+    digits = 1 if usual >= 10 else 2
+    return (f"{probe} read {reading:.{digits}f} us around this timing against {usual:.{digits}f} us usual in the "
             f"calibration ({reading / usual:.2f}x): the machine ran slower than when it was calibrated, and an "
             "error of about that much is the machine's; measure again on a quieter machine")

@@ -17,7 +17,7 @@ import time
 from contextlib import nullcontext
 from typing import Callable, ContextManager
 
-from pipeline.harness.spells import read_around
+from pipeline.harness.spells import read_both_around
 from pipeline.harness.timer import Measurement, TimingSpec, measure, measure_step
 
 # A row spread this many times the spec's cv threshold was disturbed, not merely noisy: the
@@ -50,10 +50,10 @@ def quickest_block(fn: Callable[[], object], spec: TimingSpec, device: str = "cp
     if isinstance(blocks, bool) or not isinstance(blocks, int) or blocks < 1:
         raise ValueError(f"blocks={blocks!r} must be an integer >= 1")
 
-    def block() -> Measurement:  # on a CPU with the spell probe's readings around it (spells.py)
+    def block() -> Measurement:  # on a CPU with both spell probes' readings around it (spells.py)
         if device != "cpu":
             return measure_step(fn, spec, device)
-        m, m.probe_us = read_around(lambda: measure_step(fn, spec, device))
+        m, m.probe_us, m.host_probe_us = read_both_around(lambda: measure_step(fn, spec, device))
         return m
 
     timed = [block() for _ in range(blocks)]

@@ -17,8 +17,10 @@ other take timed > 1.25x quicker; on the utility grids 9-12 %, holding 30 of 53 
 A row flagged for a real feature (a kernel switch, a slow band) is only timed again and keeps
 its time: a false alarm costs a timing, never accuracy. The test reads the row's own time, so
 it is for the training grids only: a held-out row re-timed only when slow would be scored with
-a bias toward the model. Rows whose probe reading (spells.py) says they ran in a slow spell are
-timed again too, held-out ones included: that test does not read the row's own time.
+a bias toward the model. Rows whose probe readings (spells.py: the GEMM probe, and the host
+probe that reads the host's speed at running an op) say they ran in a slow spell are timed again
+too, once the probes read their usual times, held-out ones included: those tests do not read the
+row's own time.
 Each test is judged on its first rows timed again: where they came back quicker no more often
 than on a machine whose state never changed, its other rows keep their timing (beats_chance).
 """
@@ -41,6 +43,8 @@ SUSPECT_SEED = 5  # the extra visit's order (the first visit's is seed 0, the he
 # the profile's own wait for a quiet machine (stall_wait_s, as remeasure_stalled is given): a tiny
 # profile's test (2 s) spent ~30 s of its ~33 s waiting here on the Zen 3 VM.
 MAX_WAIT_S = 30.0
+# the probe tests (spells.py): each flags rows by one probe's reading; the test's name -> its column
+PROBE_TESTS = {"spell": "probe_us", "host": "host_probe_us"}
 
 
 def off_surface(groups: Sequence[Hashable | None], coords: np.ndarray, us: np.ndarray,
@@ -82,37 +86,45 @@ def revisit_suspects(rows: list[dict], makers: list[Callable[[], Callable[[], ob
                      stall_wait_s: float = MAX_WAIT_S) -> int:
     """Time once more, in a shuffled order, the rows off their group's surface (off_surface on
     their `median_us`; rows of group None, the held-out ones, and every row without `coords`, are
-    not tested) and the rows whose probe reading says they ran in a slow spell (spells.in_spell on
-    `probe_us`: it does not read the row's own time, so held-out rows are tested too), and keep,
-    in place, the quicker timing (a stalled one never replaces a row). Each spell row's re-timing
-    waits, a few seconds at most, for the probe to read its usual time. Once TRIAL rows a test
-    flagged were timed again, the rest of its rows are left as timed unless the extra timing beat
-    theirs more often than chance (`beats_chance`). Every row gets `suspect`
-    (whether it was timed again). CPU only, as revisit is. Returns how many rows the extra timing
-    replaced."""
+    not tested), the rows whose GEMM probe reading says they ran in a slow spell (spells.in_spell
+    on `probe_us`) and the rows whose host probe reading does (`host_probe_us`): the probe tests
+    do not read the row's own time, so held-out rows are tested too. The quicker timing is kept
+    in place (a stalled one never replaces a row). A probe row is timed again only once both
+    probes read their usual times: it waits for them, a few seconds at most and all waits
+    together within the sweep's budget, and is left as timed when the spell outlasts the wait (a
+    timing in the same spell would tell nothing new; on the Zen 3 EPYC VM the host's slow state
+    comes and goes every 10-60 s). Once TRIAL rows a test flagged were timed again, the rest of
+    its rows are left as timed unless the extra timing beat theirs more often than chance
+    (`beats_chance`). Every row gets `suspect` (whether it was timed again). CPU only, as revisit
+    is. Returns how many rows the extra timing replaced."""
     if device.startswith("cuda") or not rows:
         return 0
     surface = off_surface(groups, coords, [r["median_us"] for r in rows]) if coords is not None \
         else np.zeros(len(rows), bool)
-    readings = np.array([r.get("probe_us", np.nan) for r in rows], float)
-    spell = in_spell(readings)
+    readings = {name: np.array([r.get(col, np.nan) for r in rows], float) for name, col in PROBE_TESTS.items()}
+    spell = in_spell(readings["spell"])
+    host = in_spell(readings["host"])
     for r in rows:
         r["suspect"] = False
-    todo = np.flatnonzero(surface | spell)
+    todo = np.flatnonzero(surface | spell | host)
     if not todo.size:
         return 0
-    usual = usual_us(readings) if spell.any() else None
-    waited, max_wait_s = 0.0, min(MAX_WAIT_S, stall_wait_s)
+    usual = (usual_us(readings["spell"]), usual_us(readings["host"]))
+    waited, left, max_wait_s = 0.0, 0, min(MAX_WAIT_S, stall_wait_s)
     # per test, per row timed again: (was it quicker, how often an unchanged machine's would be)
-    outcomes: dict[str, list[tuple[bool, float]]] = {"surface": [], "spell": []}
-    trusted = {"surface": True, "spell": True}
+    outcomes: dict[str, list[tuple[bool, float]]] = {"surface": [], "spell": [], "host": []}
+    trusted = {"surface": True, "spell": True, "host": True}
     for k in interleaved(todo.size, seed=SUSPECT_SEED):
         i = int(todo[k])
-        which = "surface" if surface[i] else "spell"
+        which = "surface" if surface[i] else "spell" if spell[i] else "host"
         if not trusted[which]:
             continue
-        if which == "spell" and usual is not None and waited < max_wait_s:
-            waited += _wait_for_usual(usual, max_wait_s - waited)
+        if which != "surface":
+            w, quiet = _wait_for_usual(usual, max(max_wait_s - waited, 0.0))
+            waited += w
+            if not quiet:
+                left += 1
+                continue
         with (within(i) if within is not None else nullcontext()):
             meas = measure(makers[i](), spec, device, l2_bytes)
         rows[i]["suspect"] = True
@@ -125,8 +137,10 @@ def revisit_suspects(rows: list[dict], makers: list[Callable[[], Callable[[], ob
             trusted[which] = beats_chance(sum(q for q, _ in mine), [p for _, p in mine])
     tally = {which: (len(got), sum(q for q, _ in got)) for which, got in outcomes.items()}  # timed again, quicker
     if log:
-        log(_said(tally, {"surface": int(surface.sum()), "spell": int((spell & ~surface).sum())}, trusted, waited))
-    return tally["surface"][1] + tally["spell"][1]
+        flagged = {"surface": int(surface.sum()), "spell": int((spell & ~surface).sum()),
+                   "host": int((host & ~spell & ~surface).sum())}
+        log(_said(tally, flagged, trusted, waited, left))
+    return sum(q for _, q in tally.values())
 
 
 # A third timing of a machine whose state did not change beats the better of the first two 1 time
@@ -151,21 +165,23 @@ def beats_chance(quicker: int, chances) -> bool:
     return quicker > p.sum() + TRIAL_Z * math.sqrt(float((p * (1 - p)).sum()))
 
 
-def _said(tally: dict, flagged: dict, trusted: dict, waited: float) -> str:
-    (s_n, s_q), (p_n, p_q) = tally["surface"], tally["spell"]
-    text = (f"{s_n + p_n} rows timed once more: {s_n} of {flagged['surface']} more than {SUSPECT_RATIO:g}x over their "
-            f"{NEIGHBOURS} nearest neighbours' surface, quicker for {s_q}; {p_n} of the {flagged['spell']} others timed "
-            f"in a slow spell of the probe, quicker for {p_q} (on a machine whose state never changed, 1 time in 3 "
-            "after two visits)")
-    for which, name in (("surface", "the surface test's"), ("spell", "the probe's")):
+def _said(tally: dict, flagged: dict, trusted: dict, waited: float, left: int) -> str:
+    (s_n, s_q), (p_n, p_q), (h_n, h_q) = tally["surface"], tally["spell"], tally["host"]
+    text = (f"{s_n + p_n + h_n} rows timed once more: {s_n} of {flagged['surface']} more than {SUSPECT_RATIO:g}x over "
+            f"their {NEIGHBOURS} nearest neighbours' surface, quicker for {s_q}; {p_n} of the {flagged['spell']} others "
+            f"timed in a slow spell of the probe, quicker for {p_q}; {h_n} of the {flagged['host']} others timed while "
+            f"the host probe read slow, quicker for {h_q} (on a machine whose state never changed, 1 time in 3 after "
+            "two visits)")
+    for which, name in (("surface", "the surface test's"), ("spell", "the probe's"), ("host", "the host probe's")):
         if not trusted[which]:
             q = tally[which][1]
             text += (f"; {name} rows beat that by too little ({q} of the first {TRIAL}): it told nothing on this "
                      f"machine now, and its other {flagged[which] - tally[which][0]} rows keep their timing")
-    return text + f"; {waited:.0f} s waited for the probe's usual time"
+    text += f"; {waited:.0f} s waited for the probes' usual times"
+    return text + (f", {left} rows left as timed in a spell that outlasted the wait" if left else "")
 
 
-def _wait_for_usual(usual: float, budget_s: float) -> float:
-    """Probe until a reading is within SPELL_RATIO of `usual` or `budget_s` (at most 3 s) ran out;
-    the seconds waited."""
-    return wait_until_usual(usual, None, min(budget_s, 3.0))
+def _wait_for_usual(usual: tuple[float | None, float | None], budget_s: float) -> tuple[float, bool]:
+    """Probe until both probes read within SPELL_RATIO of their `usual` times or `budget_s` (at
+    most 3 s) ran out; (the seconds waited, whether they did)."""
+    return wait_until_usual(*usual, min(budget_s, 3.0))

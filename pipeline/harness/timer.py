@@ -19,7 +19,7 @@ from typing import Callable
 import numpy as np
 
 from pipeline.harness.page_faults import minor_faults
-from pipeline.harness.spells import read_around
+from pipeline.harness.spells import read_both_around
 
 
 # Every time budget of a sweep (warm-up, timed repetitions, cold flushes, the wait for a quiet
@@ -98,8 +98,8 @@ class Measurement:
     # CPU: the slower of two readings of a tiny fixed GEMM just before and after this timing
     # (harness/spells.py): far over its usual time, the timing ran in a slow spell
     probe_us: float = float("nan")
-    # CPU, where a sweep reads it (workload steps): the same for the host probe, a tiny op's
-    # per-call time (spells.host_probe_us); not a column of the kernel tables
+    # CPU: the same for the host probe, a tiny op's per-call time (spells.host_probe_us): the
+    # host's speed at running an op, which moves small-op rows and which the GEMM probe cannot see
     host_probe_us: float = float("nan")
 
     @property
@@ -151,6 +151,7 @@ class Measurement:
             "timing_method": self.method,
             **({"faults_per_call": self.faults_per_call} if math.isfinite(self.faults_per_call) else {}),
             **({"probe_us": self.probe_us} if math.isfinite(self.probe_us) else {}),
+            **({"host_probe_us": self.host_probe_us} if math.isfinite(self.host_probe_us) else {}),
         }
 
 
@@ -273,7 +274,7 @@ def measure(fn: Callable[[], object], spec: TimingSpec, device: str = "cpu", l2_
 
     if device.startswith("cuda"):
         return attempts()
-    best, best.probe_us = read_around(attempts)
+    best, best.probe_us, best.host_probe_us = read_both_around(attempts)
     return best
 
 

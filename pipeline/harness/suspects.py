@@ -89,12 +89,13 @@ def revisit_suspects(rows: list[dict], makers: list[Callable[[], Callable[[], ob
     not tested), the rows whose GEMM probe reading says they ran in a slow spell (spells.in_spell
     on `probe_us`) and the rows whose host probe reading does (`host_probe_us`): the probe tests
     do not read the row's own time, so held-out rows are tested too. The quicker timing is kept
-    in place (a stalled one never replaces a row). A probe row is timed again only once both
-    probes read their usual times: it waits for them, a few seconds at most and all waits
-    together within the sweep's budget, and is left as timed when the spell outlasts the wait (a
-    timing in the same spell would tell nothing new; on the Zen 3 EPYC VM the host's slow state
-    comes and goes every 10-60 s). Once TRIAL rows a test flagged were timed again, the rest of
-    its rows are left as timed unless the extra timing beat theirs more often than chance
+    in place (a stalled one never replaces a row). Before a probe row's re-timing the sweep waits
+    for both probes to read their usual times, a few seconds at most and all waits together within
+    the sweep's budget, and then times it whatever they read: left as timed, the rows of a spell
+    that outlasted the wait kept their slow timing (the EPYC VM's attention sweep, 2026-11-29
+    07:55: 384 rows flagged by the GEMM probe; 16 timed again within the 30 s of waiting, 13 of
+    them quicker; the other 368 left as timed). Once TRIAL rows a test flagged were timed again, the
+    rest of its rows are left as timed unless the extra timing beat theirs more often than chance
     (`beats_chance`). Every row gets `suspect` (whether it was timed again). CPU only, as revisit
     is. Returns how many rows the extra timing replaced."""
     if device.startswith("cuda") or not rows:
@@ -110,7 +111,7 @@ def revisit_suspects(rows: list[dict], makers: list[Callable[[], Callable[[], ob
     if not todo.size:
         return 0
     usual = (usual_us(readings["spell"]), usual_us(readings["host"]))
-    waited, left, max_wait_s = 0.0, 0, min(MAX_WAIT_S, stall_wait_s)
+    waited, max_wait_s = 0.0, min(MAX_WAIT_S, stall_wait_s)
     # per test, per row timed again: (was it quicker, how often an unchanged machine's would be)
     outcomes: dict[str, list[tuple[bool, float]]] = {"surface": [], "spell": [], "host": []}
     trusted = {"surface": True, "spell": True, "host": True}
@@ -119,12 +120,8 @@ def revisit_suspects(rows: list[dict], makers: list[Callable[[], Callable[[], ob
         which = "surface" if surface[i] else "spell" if spell[i] else "host"
         if not trusted[which]:
             continue
-        if which != "surface":
-            w, quiet = _wait_for_usual(usual, max(max_wait_s - waited, 0.0))
-            waited += w
-            if not quiet:
-                left += 1
-                continue
+        if which != "surface" and waited < max_wait_s:
+            waited += _wait_for_usual(usual, max_wait_s - waited)
         with (within(i) if within is not None else nullcontext()):
             meas = measure(makers[i](), spec, device, l2_bytes)
         rows[i]["suspect"] = True
@@ -139,7 +136,7 @@ def revisit_suspects(rows: list[dict], makers: list[Callable[[], Callable[[], ob
     if log:
         flagged = {"surface": int(surface.sum()), "spell": int((spell & ~surface).sum()),
                    "host": int((host & ~spell & ~surface).sum())}
-        log(_said(tally, flagged, trusted, waited, left))
+        log(_said(tally, flagged, trusted, waited))
     return sum(q for _, q in tally.values())
 
 
@@ -165,7 +162,7 @@ def beats_chance(quicker: int, chances) -> bool:
     return quicker > p.sum() + TRIAL_Z * math.sqrt(float((p * (1 - p)).sum()))
 
 
-def _said(tally: dict, flagged: dict, trusted: dict, waited: float, left: int) -> str:
+def _said(tally: dict, flagged: dict, trusted: dict, waited: float) -> str:
     (s_n, s_q), (p_n, p_q), (h_n, h_q) = tally["surface"], tally["spell"], tally["host"]
     text = (f"{s_n + p_n + h_n} rows timed once more: {s_n} of {flagged['surface']} more than {SUSPECT_RATIO:g}x over "
             f"their {NEIGHBOURS} nearest neighbours' surface, quicker for {s_q}; {p_n} of the {flagged['spell']} others "
@@ -177,11 +174,10 @@ def _said(tally: dict, flagged: dict, trusted: dict, waited: float, left: int) -
             q = tally[which][1]
             text += (f"; {name} rows beat that by too little ({q} of the first {TRIAL}): it told nothing on this "
                      f"machine now, and its other {flagged[which] - tally[which][0]} rows keep their timing")
-    text += f"; {waited:.0f} s waited for the probes' usual times"
-    return text + (f", {left} rows left as timed in a spell that outlasted the wait" if left else "")
+    return text + f"; {waited:.0f} s waited for the probes' usual times"
 
 
-def _wait_for_usual(usual: tuple[float | None, float | None], budget_s: float) -> tuple[float, bool]:
+def _wait_for_usual(usual: tuple[float | None, float | None], budget_s: float) -> float:
     """Probe until both probes read within SPELL_RATIO of their `usual` times or `budget_s` (at
-    most 3 s) ran out; (the seconds waited, whether they did)."""
-    return wait_until_usual(*usual, min(budget_s, 3.0))
+    most 3 s) ran out; the seconds waited."""
+    return wait_until_usual(*usual, min(budget_s, 3.0))[0]

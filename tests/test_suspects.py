@@ -80,9 +80,10 @@ def test_suspect_rows_are_timed_again_and_only_a_quicker_unstalled_timing_replac
     assert [i for i, r in enumerate(rows) if r["suspect"]] == sorted(flagged)
     assert said == [f"{len(flagged)} rows timed once more: {len(flagged)} of {len(flagged)} more than "
                     f"{sp.SUSPECT_RATIO:g}x over their {sp.NEIGHBOURS} nearest neighbours' surface, quicker for 1; 0 of "
-                    "the 0 others timed in a slow spell of the probe, quicker for 0; 0 of the 0 others timed while the "
-                    "host probe read slow, quicker for 0 (on a machine whose state never changed, 1 time in 3 after two "
-                    "visits); 0 s waited for the probes' usual times"]
+                    "the 0 others timed in a slow spell of the GEMM probe, quicker for 0 (0 timed again after it read "
+                    "usual); 0 of the 0 others timed while the host probe read slow, quicker for 0 (0 after it read "
+                    "usual) (on a machine whose state never changed, 1 time in 3 after two visits); 0 s waited for the "
+                    "probes' usual times"]
 
 
 def test_rows_timed_in_a_spell_are_timed_again_held_out_ones_too(monkeypatch):
@@ -107,18 +108,21 @@ def test_rows_timed_in_a_spell_are_timed_again_held_out_ones_too(monkeypatch):
                                                                             if i not in (4, 9)]
 
 
-def _spell_rows(n_spell: int, n_calm: int = 100):
-    rows = [{"median_us": 50.0, "cv": 0.01, "probe_us": 23.0, "visits": 2} for _ in range(n_calm)]
-    rows += [{"median_us": 50.0, "cv": 0.01, "probe_us": 40.0, "visits": 2} for _ in range(n_spell)]
+def _spell_rows(n_spell: int, n_calm: int = 100, column: str = "probe_us"):
+    usual, slow = {"probe_us": (23.0, 40.0), "host_probe_us": (3.6, 7.5)}[column]
+    rows = [{"median_us": 50.0, "cv": 0.01, column: usual, "visits": 2} for _ in range(n_calm)]
+    rows += [{"median_us": 50.0, "cv": 0.01, column: slow, "visits": 2} for _ in range(n_spell)]
     return rows, [lambda i=i: (lambda: i) for i in range(len(rows))]
 
 
+@pytest.mark.parametrize("column, name", [("probe_us", "GEMM probe's"), ("host_probe_us", "host probe's")])
 @pytest.mark.parametrize("quicker_every", [1, 3])
-def test_the_probe_is_judged_on_its_first_spell_rows(monkeypatch, quicker_every):
-    """Spell rows whose third timing beats the kept one no more often than chance (1 in 3 after two
-    visits) stop the probe's re-timings after TRIAL of them; where it mostly does, every spell
-    row is timed again."""
-    rows, makers = _spell_rows(n_spell=2 * sp.TRIAL)
+def test_each_probe_is_judged_on_its_first_spell_rows(monkeypatch, quicker_every, column, name):
+    """Spell rows of either probe whose third timing beats the kept one no more often than chance
+    (1 in 3 after two visits) stop that probe's re-timings after TRIAL of them; where it mostly
+    does, every spell row is timed again."""
+    rows, makers = _spell_rows(n_spell=2 * sp.TRIAL, column=column)
+    monkeypatch.setattr(spells, "host_probe_us", lambda: 3.6)
     timed = []
 
     def fake_measure(fn, spec, device, l2_bytes=0):
@@ -133,7 +137,8 @@ def test_the_probe_is_judged_on_its_first_spell_rows(monkeypatch, quicker_every)
     trusted = quicker_every == 1
     assert len(timed) == (2 * sp.TRIAL if trusted else sp.TRIAL) and min(timed) >= 100
     assert sum(r["suspect"] for r in rows) == len(timed) and replaced == len(timed) // quicker_every
-    assert ("it told nothing on this machine now, and its other 30 rows keep their timing" in said[0]) != trusted
+    assert (f"the {name} rows beat that by too little (10 of the first 30): it told nothing on this machine now, "
+            "and its other 30 rows keep their timing" in said[0]) != trusted
 
 
 def test_beats_chance_counts_one_visit_rows_as_an_even_chance():
@@ -196,7 +201,7 @@ def test_the_host_probe_reads_one_tiny_ops_time(monkeypatch):
     monkeypatch.setattr(torch, "add", lambda *a, **k: (calls.append(1), real_add(*a, **k))[1])
     got = spells.host_probe_us()
     assert got == pytest.approx(1.0 / spells.HOST_PROBE_CALLS)
-    assert len(calls) == 1 + spells.PROBE_REPS * spells.HOST_PROBE_CALLS
+    assert len(calls) == 1 + spells.HOST_PROBE_REPS * spells.HOST_PROBE_CALLS
 
 
 def test_the_wait_ends_when_both_probes_read_usual(monkeypatch):
@@ -252,8 +257,8 @@ def test_a_gpu_times_nothing_again(monkeypatch):
 
 
 def test_the_utility_sweep_marks_its_training_rows(monkeypatch):
-    """The utility sweep at the tiny profile's sizes with two visits: every row carries its probe
-    reading and says whether it was timed a third time. Three of its 13 ops (all 13 took ~50 s
+    """The utility sweep at the tiny profile's sizes with two visits: every row carries both probes'
+    readings and says whether it was timed a third time. Three of its 13 ops (all 13 took ~50 s
     on a 2-thread VM): the groups are per (op, dtype), the marking the same for any op."""
     from dataclasses import replace
 
@@ -279,7 +284,7 @@ def test_a_measure_in_a_spell_says_so_against_the_calibrations_probe():
     assert note is not None and "35.0 us around this timing against 22.7 us usual" in note and "1.54x" in note
     assert spell_note(24.0, calibration) is None  # the machine's usual speed
     assert spell_note(35.0, calibration[:MIN_READINGS - 1]) is None  # too few readings to say
-    assert spell_note(float("nan"), calibration) is None  # a GPU measurement: no probe
+    assert spell_note(float("nan"), calibration) is None and spell_note(None, calibration) is None  # no probe read
 
 
 def test_the_spell_waits_stay_within_the_budget_the_sweep_gives(monkeypatch):
@@ -290,7 +295,7 @@ def test_the_spell_waits_stay_within_the_budget_the_sweep_gives(monkeypatch):
 
     def wait(usual, budget_s):  # the probe never reads its usual time: each wait spends its cap
         budgets.append(budget_s)
-        return min(budget_s, 3.0)
+        return min(budget_s, 3.0), False
 
     monkeypatch.setattr(sp, "_wait_for_usual", wait)
     monkeypatch.setattr(sp, "measure", lambda fn, spec, device, l2_bytes=0: Measurement(np.full(3, 40.0),
@@ -304,7 +309,7 @@ def test_the_spell_waits_stay_within_the_budget_the_sweep_gives(monkeypatch):
         assert sum(r["suspect"] for r in rows) == 5 and sum(r["median_us"] == 40.0 for r in rows) == 5
         return list(budgets)
 
-    assert first_budgets(4.0) == [4.0, 1.0]  # 3 s waited, then the last 1 s; the other rows time at once
+    assert first_budgets(4.0) == [4.0, 1.0, 0.0, 0.0, 0.0]  # 3 s, then the last 1 s; then a reading each
     assert first_budgets(2.0)[0] == 2.0 and first_budgets(60.0)[0] == sp.MAX_WAIT_S
     assert first_budgets(get_profile("tiny").stall_wait_s)[0] == 2.0
     assert first_budgets(get_profile("quick").stall_wait_s)[0] == sp.MAX_WAIT_S  # a calibration's, as before
@@ -312,8 +317,8 @@ def test_the_spell_waits_stay_within_the_budget_the_sweep_gives(monkeypatch):
 
 def test_rows_timed_while_the_host_ran_slow_are_timed_again_once_it_runs_usual(monkeypatch):
     """The host probe flags rows on its own (a GEMM probe that read usual throughout): the re-timing
-    waits for the host probe's usual time, 3 s at most; a held-out row is re-timed too; the log
-    counts them apart from the GEMM probe's."""
+    waits for the host probe's usual time, not for the GEMM probe's; a held-out row is re-timed
+    too; the log counts them apart from the GEMM probe's."""
     n = 40
     rows = [{"median_us": 50.0, "cv": 0.01, "probe_us": 23.0, "host_probe_us": 3.6} for _ in range(n)]
     for i in (4, 9, 17):
@@ -327,12 +332,13 @@ def test_rows_timed_while_the_host_ran_slow_are_timed_again_once_it_runs_usual(m
     clock = iter(np.arange(0.0, 10**4, spells.WAIT_STEP_S))
     monkeypatch.setattr(spells.time, "monotonic", lambda: next(clock))
     monkeypatch.setattr(spells.time, "sleep", lambda s: None)
-    monkeypatch.setattr(spells, "probe_us", lambda: 23.0)
+    monkeypatch.setattr(spells, "probe_us", lambda: pytest.fail("a host row waits for the host probe only"))
     monkeypatch.setattr(spells, "host_probe_us", host_probe)
-    timed = []
+    timed, reads_at_timing = [], []
 
     def fake_measure(fn, spec, device, l2_bytes=0):
         timed.append(fn())
+        reads_at_timing.append(len(host_reads))
         return Measurement(np.full(3, 40.0), cpu_util=2.0)
 
     monkeypatch.setattr(sp, "measure", fake_measure)
@@ -341,12 +347,11 @@ def test_rows_timed_while_the_host_ran_slow_are_timed_again_once_it_runs_usual(m
     coords = np.array([(i + 1, 1) for i in range(n)], float)
     said = []
     assert sp.revisit_suspects(rows, makers, SPEC, "cpu", groups, coords, log=said.append) == 3
-    assert sorted(timed) == [4, 9, 17] and len(host_reads) == 6  # 4 readings to the first usual, then 1 each
+    assert sorted(timed) == [4, 9, 17] and reads_at_timing == [4, 5, 6]  # each timing after a usual reading
     assert [i for i, r in enumerate(rows) if r["suspect"]] == [4, 9, 17]
     assert sum(r["median_us"] == 40.0 for r in rows) == 3
-    assert "0 of the 0 others timed in a slow spell of the probe" in said[0]
-    assert "3 of the 3 others timed while the host probe read slow, quicker for 3" in said[0]
-    assert said[0].endswith("2 s waited for the probes' usual times")  # 1 s to the first usual, 0.25 s a wait after (the fake clock)
+    assert "0 of the 0 others timed in a slow spell of the GEMM probe" in said[0]
+    assert "3 of the 3 others timed while the host probe read slow, quicker for 3 (3 after it read usual)" in said[0]
 
 
 def test_a_measure_says_which_probe_read_slow_against_the_calibrations_own(monkeypatch, capsys):
@@ -360,7 +365,7 @@ def test_a_measure_says_which_probe_read_slow_against_the_calibrations_own(monke
 
     tables = {"gemm_samples": pd.DataFrame({"probe_us": [22.7] * MIN_READINGS,
                                             "host_probe_us": [3.6] * 10 + [float("nan")] * (MIN_READINGS - 10)}),
-              "workload_graphs": pd.DataFrame({"host_probe_us": [3.7] * 10, "probe_us": [99.0] * 10})}
+              "workload_graphs": pd.DataFrame({"host_probe_us": [3.7] * 10, "probe_us": [9.0] * 10})}
 
     class Rows:
         def device_rows(self, table, device):

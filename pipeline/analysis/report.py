@@ -132,9 +132,9 @@ def _host_speed(warehouse, device: str) -> list[str]:
     if "workload_runs" not in med or len(med) < 2 or max(med.values()) < (1 + HOST_SPEED_APART) * min(med.values()):
         return []
     said = ", ".join(f"{us:.2f} us during {HOST_PHASES[t]}" for t, us in med.items())
-    return [f"host speed: a tiny op took (the host probe's median) {said}: small-op kernel rows and the steps of "
-            "many small ops (DLRM, batch 1) move with it, so predictions off by about the ratio between the "
-            "tables' sweeps or traces and the runs are the host's state, not the model"]
+    return [f"host speed: a tiny op took (the host probe's median) {said}: the steps of many small ops (DLRM, "
+            "batch 1) and their shared overheads move with it, and small memory-bound kernels may; an error of "
+            "about the ratio between the traces and the runs is the host's state, not the model"]
 
 
 _TITLES = {"gpt2": "GPT-2 forward", "dlrm": "DLRM training step"}

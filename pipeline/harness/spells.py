@@ -8,26 +8,31 @@ short spells (18:25-18:29), 4 x 3235 timings of four ops (mm 256 x 1024 x 1024, 
 a 512 x 4096 gelu and add), each between two readings of this probe, the slower reading more
 than 1.2x the probe's usual (lower-quartile) time flagged 27-31 % of the timings and held 73-94 %
 of those that read more than 1.2x the op's usual time; among the rest 1-10 % read slow, against
-12-27 % overall. The probe costs ~0.5 ms a timing.
+12-27 % overall. The probe costs ~0.5 ms a timing. The host probe below cost 2.4 ms a reading
+in the host's slow state at 9 runs, two a timing (a GEMM sweep point took 268 against 254 ms,
++5.5 %, on the Zen 3 EPYC VM, 2026-11-29), so it takes HOST_PROBE_REPS runs.
 
 `measure` (timer.py) takes a reading before and after each CPU timing and the row keeps the
 slower (`probe_us`, and `host_probe_us` for the second probe below); at the end of a sweep, rows
-whose reading is SPELL_RATIO over the sweep's lower quartile are timed again (suspects.py). The decision waits for the whole sweep's readings:
-a usual time taken from the first few would be a spell's if the sweep began in one.
+whose reading is SPELL_RATIO over the sweep's lower quartile are timed again (suspects.py). The
+decision waits for the whole sweep's readings: a usual time taken from the first few would be a
+spell's if the sweep began in one.
 
 The GEMM probe does not see every kind of spell. A second probe times the host's side of an op:
 a tiny `add` called HOST_PROBE_CALLS times (the interpreter, the dispatcher and the allocator, no
-arithmetic to speak of). On the Zen 3 EPYC VM (2026-11-29 04:50-04:55, nothing else running, 2 threads), read
+arithmetic to speak of). On the Zen 3 EPYC VM (2026-11-29 04:50-04:55, nothing else running,
+2 threads), read
 every ~1.3 s for 5 minutes (738 readings) beside 15 training steps of dlrm_ddp-cpu at batch 32
 in the same process, the host probe read 3.6 µs a call for minutes at a time and 6.6-9 µs for
-minutes at a time (10th and 90th percentiles of 50 calls: 182 and 410 µs), and the step ran 2.6-3.1 ms in the
-first state and 4.7-7.8 ms in the second. The log step time's correlation with the host probe
+minutes at a time (10th and 90th percentiles of 50 calls: 182 and 410 µs), and the step ran
+2.6-3.1 ms in the first state and 4.7-7.8 ms in the second. The log step time's correlation with the host probe
 was 0.87; with the GEMM probe 0.14 (it read 66-92 µs in both states), with a random 128-byte row
 gather from a 128 MB table 0.71 and with a 64 MB copy 0.61. A step of many small ops (DLRM at
 small batch, a model's batch-1 forward) is host work. Since 2026-11-29 every CPU timing reads both
-probes: kernel rows (`measure`), workload steps, trace captures and `--measure`. The kernel rows'
-small ops move with the host state too, and a take whose tables were timed in one state and whose
-steps in the other disagrees by about the states' ratio.
+probes: kernel rows (`measure`), workload steps, trace captures and `--measure`. Whether a kernel
+sweep's rows move with the host state is left to each sweep's trial (suspects.py): in the take of
+2026-11-29 07:59 its re-timings paid in the utility sweep (small memory-bound ops) and not in the
+GEMM, memory or attention sweeps.
 """
 from __future__ import annotations
 
@@ -66,12 +71,15 @@ def probe_us() -> float:
 
 
 HOST_PROBE_CALLS = 32  # calls of a 16-float add per run: ~0.1 ms a run in the quick state above
+# runs per reading: fewer than the GEMM probe's, since every kernel row takes two readings (at 9
+# runs the fast test tier took 646 s against 494, 2026-11-29); the two states are ~2x apart
+HOST_PROBE_REPS = 5
 _host_operands = None
 
 
 def host_probe_us() -> float:
-    """The median µs per call of a tiny `add` over PROBE_REPS runs of HOST_PROBE_CALLS calls, now
-    (CPU): the host's speed at running an op, which the GEMM probe does not read (module doc)."""
+    """The median µs per call of a tiny `add` over HOST_PROBE_REPS runs of HOST_PROBE_CALLS calls,
+    now (CPU): the host's speed at running an op, which the GEMM probe does not read (module doc)."""
     global _host_operands
     import torch
 
@@ -80,7 +88,7 @@ def host_probe_us() -> float:
     a, out = _host_operands
     torch.add(a, 1.0, out=out)
     times = []
-    for _ in range(PROBE_REPS):
+    for _ in range(HOST_PROBE_REPS):
         t0 = time.perf_counter_ns()
         for _ in range(HOST_PROBE_CALLS):
             torch.add(a, 1.0, out=out)
@@ -89,8 +97,8 @@ def host_probe_us() -> float:
 
 
 def in_spell(readings) -> np.ndarray:
-    """Which rows' probe readings (`probe_us`, NaN where none) are SPELL_RATIO over the lower
-    quartile of all of them; none without MIN_READINGS readings."""
+    """Which rows' readings of one probe (`probe_us` or `host_probe_us`, NaN where none) are
+    SPELL_RATIO over the lower quartile of all of them; none without MIN_READINGS readings."""
     r = np.asarray(readings, float)
     usual = usual_us(r)
     if usual is None:
@@ -104,13 +112,6 @@ def usual_us(readings) -> float | None:
     r = np.asarray(readings, float)
     r = r[np.isfinite(r) & (r > 0)]
     return float(np.quantile(r, USUAL_QUANTILE)) if r.size >= MIN_READINGS else None
-
-
-def read_around(call):
-    """(call(), the slower of the probe's readings just before and after it)."""
-    before = probe_us()
-    got = call()
-    return got, slower(before, probe_us())
 
 
 def read_both_around(call):
@@ -136,8 +137,8 @@ def pair_in_spell(gemm: float | None, host: float | None, usual: tuple[float | N
 
 def wait_until_usual(usual_gemm: float | None, usual_host: float | None, budget_s: float) -> tuple[float, bool]:
     """Probe until both probes read within SPELL_RATIO of their usual times (a None usual is not
-    waited for) or `budget_s` ran out (0: one reading of each). Returns (the seconds waited,
-    whether both read usual at the end)."""
+    waited for) or `budget_s` ran out (0: one round of readings; the host probe is not read while
+    the GEMM probe reads slow). Returns (the seconds waited, whether both read usual at the end)."""
     t0 = time.monotonic()
 
     def quiet() -> bool:

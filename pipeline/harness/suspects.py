@@ -19,8 +19,8 @@ its time: a false alarm costs a timing, never accuracy. The test reads the row's
 it is for the training grids only: a held-out row re-timed only when slow would be scored with
 a bias toward the model. Rows whose probe readings (spells.py: the GEMM probe, and the host
 probe that reads the host's speed at running an op) say they ran in a slow spell are timed again
-too, once the probes read their usual times, held-out ones included: those tests do not read the
-row's own time.
+too, after a wait of a few seconds at most for that probe's usual time (whatever it reads then),
+held-out ones included: those tests do not read the row's own time.
 Each test is judged on its first rows timed again: where they came back quicker no more often
 than on a machine whose state never changed, its other rows keep their timing (beats_chance).
 """
@@ -87,15 +87,17 @@ def revisit_suspects(rows: list[dict], makers: list[Callable[[], Callable[[], ob
     """Time once more, in a shuffled order, the rows off their group's surface (off_surface on
     their `median_us`; rows of group None, the held-out ones, and every row without `coords`, are
     not tested), the rows whose GEMM probe reading says they ran in a slow spell (spells.in_spell
-    on `probe_us`) and the rows whose host probe reading does (`host_probe_us`): the probe tests
-    do not read the row's own time, so held-out rows are tested too. The quicker timing is kept
-    in place (a stalled one never replaces a row). Before a probe row's re-timing the sweep waits
-    for both probes to read their usual times, a few seconds at most and all waits together within
-    the sweep's budget, and then times it whatever they read: left as timed, the rows of a spell
-    that outlasted the wait kept their slow timing (the EPYC VM's attention sweep, 2026-11-29
-    07:55: 384 rows flagged by the GEMM probe; 16 timed again within the 30 s of waiting, 13 of
-    them quicker; the other 368 left as timed). Once TRIAL rows a test flagged were timed again, the
-    rest of its rows are left as timed unless the extra timing beat theirs more often than chance
+    on `probe_us`) and the rows whose host probe reading does (`host_probe_us`; a row both probes
+    flagged belongs to the GEMM probe's test): the probe tests do not read the row's own time, so
+    held-out rows are tested too. The quicker timing is kept in place (a stalled one never
+    replaces a row). Before a probe row's re-timing the sweep waits for that test's probe to read
+    its usual time, a few seconds at most and each test's waits together within the sweep's
+    budget, and then times it whatever the probe reads: left as timed, the rows of a spell that
+    outlasted the wait kept their slow timing (the EPYC VM's attention sweep, 2026-11-29 07:55:
+    384 rows flagged by the GEMM probe; 16 timed again within the 30 s of waiting, 13 of them
+    quicker; the other 368 left as timed). The log says how many of each test's re-timings came
+    after a usual reading. Once TRIAL rows a test flagged were timed again, the rest of its rows
+    are left as timed unless the extra timing beat theirs more often than chance
     (`beats_chance`). Every row gets `suspect` (whether it was timed again). CPU only, as revisit
     is. Returns how many rows the extra timing replaced."""
     if device.startswith("cuda") or not rows:
@@ -110,18 +112,23 @@ def revisit_suspects(rows: list[dict], makers: list[Callable[[], Callable[[], ob
     todo = np.flatnonzero(surface | spell | host)
     if not todo.size:
         return 0
-    usual = (usual_us(readings["spell"]), usual_us(readings["host"]))
-    waited, max_wait_s = 0.0, min(MAX_WAIT_S, stall_wait_s)
+    # each probe test waits for its own probe only: the host's slow state lasts minutes, and a
+    # wait for both would spend the GEMM probe's rows' budget on it
+    usual = {"spell": (usual_us(readings["spell"]), None), "host": (None, usual_us(readings["host"]))}
+    waited, max_wait_s = {"spell": 0.0, "host": 0.0}, min(MAX_WAIT_S, stall_wait_s)
     # per test, per row timed again: (was it quicker, how often an unchanged machine's would be)
     outcomes: dict[str, list[tuple[bool, float]]] = {"surface": [], "spell": [], "host": []}
     trusted = {"surface": True, "spell": True, "host": True}
+    after_usual = {"spell": 0, "host": 0}  # re-timings that followed a usual reading of their probe
     for k in interleaved(todo.size, seed=SUSPECT_SEED):
         i = int(todo[k])
         which = "surface" if surface[i] else "spell" if spell[i] else "host"
         if not trusted[which]:
             continue
-        if which != "surface" and waited < max_wait_s:
-            waited += _wait_for_usual(usual, max_wait_s - waited)
+        if which != "surface":
+            w, quiet = _wait_for_usual(usual[which], max(max_wait_s - waited[which], 0.0))
+            waited[which] += w
+            after_usual[which] += quiet
         with (within(i) if within is not None else nullcontext()):
             meas = measure(makers[i](), spec, device, l2_bytes)
         rows[i]["suspect"] = True
@@ -136,7 +143,7 @@ def revisit_suspects(rows: list[dict], makers: list[Callable[[], Callable[[], ob
     if log:
         flagged = {"surface": int(surface.sum()), "spell": int((spell & ~surface).sum()),
                    "host": int((host & ~spell & ~surface).sum())}
-        log(_said(tally, flagged, trusted, waited))
+        log(_said(tally, flagged, trusted, sum(waited.values()), after_usual))
     return sum(q for _, q in tally.values())
 
 
@@ -162,14 +169,16 @@ def beats_chance(quicker: int, chances) -> bool:
     return quicker > p.sum() + TRIAL_Z * math.sqrt(float((p * (1 - p)).sum()))
 
 
-def _said(tally: dict, flagged: dict, trusted: dict, waited: float) -> str:
+def _said(tally: dict, flagged: dict, trusted: dict, waited: float, after_usual: dict) -> str:
     (s_n, s_q), (p_n, p_q), (h_n, h_q) = tally["surface"], tally["spell"], tally["host"]
     text = (f"{s_n + p_n + h_n} rows timed once more: {s_n} of {flagged['surface']} more than {SUSPECT_RATIO:g}x over "
             f"their {NEIGHBOURS} nearest neighbours' surface, quicker for {s_q}; {p_n} of the {flagged['spell']} others "
-            f"timed in a slow spell of the probe, quicker for {p_q}; {h_n} of the {flagged['host']} others timed while "
-            f"the host probe read slow, quicker for {h_q} (on a machine whose state never changed, 1 time in 3 after "
+            f"timed in a slow spell of the GEMM probe, quicker for {p_q} ({after_usual['spell']} timed again after it "
+            f"read usual); {h_n} of the {flagged['host']} others timed while the host probe read slow, quicker for {h_q} "
+            f"({after_usual['host']} after it read usual) (on a machine whose state never changed, 1 time in 3 after "
             "two visits)")
-    for which, name in (("surface", "the surface test's"), ("spell", "the probe's"), ("host", "the host probe's")):
+    for which, name in (("surface", "the surface test's"), ("spell", "the GEMM probe's"),
+                        ("host", "the host probe's")):
         if not trusted[which]:
             q = tally[which][1]
             text += (f"; {name} rows beat that by too little ({q} of the first {TRIAL}): it told nothing on this "
@@ -177,7 +186,7 @@ def _said(tally: dict, flagged: dict, trusted: dict, waited: float) -> str:
     return text + f"; {waited:.0f} s waited for the probes' usual times"
 
 
-def _wait_for_usual(usual: tuple[float | None, float | None], budget_s: float) -> float:
-    """Probe until both probes read within SPELL_RATIO of their `usual` times or `budget_s` (at
-    most 3 s) ran out; the seconds waited."""
-    return wait_until_usual(*usual, min(budget_s, 3.0))[0]
+def _wait_for_usual(usual: tuple[float | None, float | None], budget_s: float) -> tuple[float, bool]:
+    """Probe until the probes with a `usual` time (GEMM, host) read within SPELL_RATIO of it or
+    `budget_s` (at most 3 s; 0: one reading) ran out; (the seconds waited, whether they did)."""
+    return wait_until_usual(*usual, min(budget_s, 3.0))

@@ -99,7 +99,7 @@ class Measurement:
     # (harness/spells.py): far over its usual time, the timing ran in a slow spell
     probe_us: float = float("nan")
     # CPU: the same for the host probe, a tiny op's per-call time (spells.host_probe_us): the
-    # host's speed at running an op, which moves small-op rows and which the GEMM probe cannot see
+    # host's speed at running an op, which the GEMM probe cannot see
     host_probe_us: float = float("nan")
 
     @property

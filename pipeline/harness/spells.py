@@ -71,8 +71,10 @@ def probe_us() -> float:
 
 
 HOST_PROBE_CALLS = 32  # calls of a 16-float add per run: ~0.1 ms a run in the quick state above
-# runs per reading: fewer than the GEMM probe's, since every kernel row takes two readings (at 9
-# runs the fast test tier took 646 s against 494, 2026-11-29); the two states are ~2x apart
+# runs per reading: fewer than the GEMM probe's, since every kernel row takes two readings (a
+# fresh clone's fast test tier took 646 s at 9 runs and 589 s at 5, against 494 s before the kernel
+# rows read it, 2026-11-29; the replays, which time nothing, also ran ~25 % longer in the first);
+# the two states are ~2x apart
 HOST_PROBE_REPS = 5
 _host_operands = None
 

@@ -66,10 +66,10 @@ def _say_spell(device: str, m) -> None:
 
     if device != local_slug(None):  # another machine's calibration: its probe is not this one's
         return
-    readings = {"probe_us": [], "host_probe_us": []}
+    readings, wh = {"probe_us": [], "host_probe_us": []}, warehouse()
     for table in ("gemm_samples", "workload_graphs"):
         try:
-            rows = warehouse().device_rows(table, device)
+            rows = wh.device_rows(table, device)
         except DevcharError:
             continue
         for col in readings if table == "gemm_samples" else ("host_probe_us",):

@@ -13,6 +13,15 @@ def devchar_home(tmp_path, monkeypatch):
     return home
 
 
+@pytest.fixture(autouse=True)
+def _no_probe_reading_carried_over():
+    """Each test starts without a recent probe reading (spells.RECENT_S): one left by the test
+    before would stand in for its first reading, and a test that fakes the probes would see it."""
+    from pipeline.harness import spells
+
+    spells._after = None
+
+
 def pytest_collection_modifyitems(config, items):
     import torch
 

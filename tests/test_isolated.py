@@ -143,6 +143,7 @@ def test_a_step_whose_passes_both_ran_in_a_spell_is_timed_again(monkeypatch, slo
         monkeypatch.setattr(spells, name, (lambda: next(slow)) if name == slow_probe else (lambda u=usual: u))
     monkeypatch.setattr(isolated, "measure_in_child", fake_child)
     monkeypatch.setattr(spells, "MIN_READINGS", 8)  # the 8 timings of the two passes
+    monkeypatch.setattr(spells, "RECENT_S", 0.0)  # two readings a timing, as scripted above
     slept = []
     monkeypatch.setattr(spells.time, "sleep", lambda s: slept.append(len(seen)))
     profile = replace(get_profile("tiny"), workloads_in_own_process=True, workload_passes=2, stall_wait_s=60.0)

@@ -189,6 +189,20 @@ def test_a_cpu_measurement_carries_both_probes_readings():
     assert m.host_probe_us > 0 and m.row()["host_probe_us"] == m.host_probe_us
 
 
+def test_a_fresh_reading_after_one_timing_is_the_next_ones_before(monkeypatch):
+    """Back to back, each timing reads the probes once (after it); the reading after the last
+    timing stands for the one before the next only while it is under RECENT_S old."""
+    clock = iter([0.0, 0.1, 0.1, 5.0, 5.0])  # monotonic: stamped after call 1; checked before and stamped after 2, 3
+    monkeypatch.setattr(spells.time, "monotonic", lambda: next(clock))
+    gemm, host = iter([30.0, 20.0, 21.0, 22.0, 23.0]), iter([9.0, 3.0, 4.0, 5.0, 2.0])
+    monkeypatch.setattr(spells, "probe_us", lambda: next(gemm))
+    monkeypatch.setattr(spells, "host_probe_us", lambda: next(host))
+    assert spells.read_both_around(lambda: "a") == ("a", 30.0, 9.0)  # none before: read before and after
+    assert spells.read_both_around(lambda: "b") == ("b", 21.0, 4.0)  # 0.1 s on: (20, 3) stands before
+    assert spells.read_both_around(lambda: "c") == ("c", 23.0, 5.0)  # 4.9 s on: read before again
+    assert next(gemm, None) is None and next(host, None) is None
+
+
 def test_the_host_probe_reads_one_tiny_ops_time(monkeypatch):
     """A per-call time: a clock that advances 1 µs over each run of HOST_PROBE_CALLS calls reads
     1/HOST_PROBE_CALLS µs, not the run's 1 µs."""

@@ -12,7 +12,8 @@ of those that read more than 1.2x the op's usual time; among the rest 1-10 % rea
 in the host's slow state at 9 runs, two a timing (a GEMM sweep point took 268 against 254 ms,
 +5.5 %, on the Zen 3 EPYC VM, 2026-11-29), so it takes HOST_PROBE_REPS runs.
 
-`measure` (timer.py) takes a reading before and after each CPU timing and the row keeps the
+`measure` (timer.py) takes a reading before and after each CPU timing (the one after the
+previous timing serves as this one's before when it is fresh: RECENT_S) and the row keeps the
 slower (`probe_us`, and `host_probe_us` for the second probe below); at the end of a sweep, rows
 whose reading is SPELL_RATIO over the sweep's lower quartile are timed again (suspects.py). The
 decision waits for the whole sweep's readings: a usual time taken from the first few would be a
@@ -116,12 +117,25 @@ def usual_us(readings) -> float | None:
     return float(np.quantile(r, USUAL_QUANTILE)) if r.size >= MIN_READINGS else None
 
 
+# A reading taken after one call stands for the reading before the next when that call starts
+# within RECENT_S: rows timed back to back then pay one reading each, not two. The states a probe
+# tells apart last seconds to minutes (module doc); what runs between two rows (making the next
+# row's operands) takes milliseconds. The probes were half the tiny utility sweep's time
+# (17.0 s with them, 9.4 s without, 936 rows, Zen 3 EPYC VM, 2026-11-29).
+RECENT_S = 0.25
+_after: tuple[float, float, float] | None = None  # (monotonic s, GEMM probe, host probe) after the last call
+
+
 def read_both_around(call):
     """(call(), the slower GEMM probe reading, the slower host probe reading), each the slower of
-    a reading just before and one just after the call."""
-    before = probe_us(), host_probe_us()
+    a reading just before and one just after the call. The reading after the previous call is
+    the one before this call when it is under RECENT_S old."""
+    global _after
+    recent = _after is not None and time.monotonic() - _after[0] < RECENT_S
+    before = _after[1:] if recent else (probe_us(), host_probe_us())
     got = call()
     after = probe_us(), host_probe_us()
+    _after = (time.monotonic(), *after)
     return got, slower(before[0], after[0]), slower(before[1], after[1])
 
 

@@ -31,6 +31,18 @@ def _materialize(slug: str, instance: dg.DagsterInstance, raise_on_error: bool =
 NO_ERROR_GATE = {"max_heldout_err": "1e9", "max_heldout_mean_err": "1e9"}
 
 
+# what a second materialization need not run to show that the tables' rows are replaced
+FITS_WRITING_NO_TABLE = {"gemm_model", "utility_model", "attention_model", "embedding_model", "memory_model",
+                         "overhead_model", "mlp_baselines", "gemm_config_model", "sweep_quality", "accuracy_report",
+                         "shape_advice"}
+
+
+def _asset_names() -> list[str]:
+    from pipeline.definitions import defs
+
+    return sorted(k.to_user_string() for k in defs.resolve_asset_graph().get_all_asset_keys())
+
+
 def _counts(wh: DuckDBWarehouse, device: str) -> dict:
     return {t: int(wh.query(f"SELECT count(*) AS n FROM {t} WHERE device = ?", [device])["n"].iloc[0])
             for t in SAMPLE_TABLES}
@@ -116,7 +128,10 @@ def test_rematerializing_replaces_rows_and_spares_other_devices(devchar_home):
         other = wh.query("SELECT * FROM gemm_samples WHERE device = ?", [slug]).assign(device="cuda-other-gpu")
         wh.replace_partition("gemm_samples", "cuda-other-gpu", other)
         first = _counts(wh, slug)
-        assert _materialize(slug, instance, mode="in_process", **NO_ERROR_GATE).success
+        # again, every asset that writes a table but the fits (their versions go to the model
+        # store, not to these tables; the predictions and the evaluation load the first run's)
+        again = [k for k in _asset_names() if k not in FITS_WRITING_NO_TABLE]
+        assert _materialize(slug, instance, mode="in_process", selection=again, **NO_ERROR_GATE).success
     second = _counts(wh, slug)
     # gemm_samples' training grid follows the tile the probe measures, which a noisy tiny-profile
     # run may find differently: there, no shape twice and one run's rows stand for "replaced"

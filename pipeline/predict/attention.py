@@ -141,10 +141,13 @@ class AttentionModel:
     def _tables(samples: pd.DataFrame) -> dict:
         g = samples.assign(bh=samples["batch"] * samples["heads"], seq=np.sqrt(samples["seq_q"] * samples["seq_kv"]),
                            thr=samples["flops"] / samples["median_us"], causal=samples["causal"].astype(bool))
+        # one groupby for every table's cell medians, then a table each: pivot_table per table
+        # was most of a fit (probe scaling's cross-validation fits 26 times), the same medians
+        keys = ["backend", "dtype", "head_dim", "causal"]
+        cells = g.dropna(subset=["thr"]).groupby([*keys, "bh", "seq"])["thr"].median()
         tables = {}
-        for (backend, dtype, hd, causal), t in g.groupby(["backend", "dtype", "head_dim", "causal"]):
-            grid = t.pivot_table(index="bh", columns="seq", values="thr", aggfunc="median").sort_index()
-            grid = grid.sort_index(axis=1)
+        for (backend, dtype, hd, causal), t in cells.groupby(level=keys):
+            grid = t.droplevel(keys).unstack("seq").sort_index().sort_index(axis=1)
             key = (str(backend), str(dtype), int(hd), bool(causal))
             tables[key] = AttentionTable(*key, grid.index.to_numpy(float), grid.columns.to_numpy(float),
                                          fill_missing(grid.to_numpy(float)))

@@ -203,6 +203,18 @@ def test_a_fresh_reading_after_one_timing_is_the_next_ones_before(monkeypatch):
     assert next(gemm, None) is None and next(host, None) is None
 
 
+def test_a_timing_after_a_wait_reads_its_own_before(monkeypatch):
+    """A wait that finds the probes usual on its first reading does not sleep: the timing after it
+    must not take the reading kept from before the wait (a spell's) as its before."""
+    monkeypatch.setattr(spells.time, "sleep", lambda s: None)
+    gemm = iter([20.0, 40.0, 20.0, 21.0, 22.0])  # before, after (a spell), the wait, then before and after
+    monkeypatch.setattr(spells, "probe_us", lambda: next(gemm))
+    monkeypatch.setattr(spells, "host_probe_us", lambda: 3.0)
+    assert spells.read_both_around(lambda: "a")[1] == 40.0
+    assert spells.wait_until_usual(20.0, 3.0, budget_s=10.0)[1]  # usual at once: no sleep
+    assert spells.read_both_around(lambda: "b")[1] == 22.0  # 21 before and 22 after, not the 40 kept
+
+
 def test_the_host_probe_reads_one_tiny_ops_time(monkeypatch):
     """A per-call time: a clock that advances 1 µs over each run of HOST_PROBE_CALLS calls reads
     1/HOST_PROBE_CALLS µs, not the run's 1 µs."""

@@ -72,10 +72,10 @@ def probe_us() -> float:
 
 
 HOST_PROBE_CALLS = 32  # calls of a 16-float add per run: ~0.1 ms a run in the quick state above
-# runs per reading: fewer than the GEMM probe's, since every kernel row takes two readings (a
+# runs per reading: fewer than the GEMM probe's, since every kernel row read it twice (a
 # fresh clone's fast test tier took 646 s at 9 runs and 589 s at 5, against 494 s before the kernel
 # rows read it, 2026-11-29; the replays, which time nothing, also ran ~25 % longer in the first);
-# the two states are ~2x apart
+# the two states are ~2x apart. Since ca2eea6 a row timed right after another reads it once (RECENT_S)
 HOST_PROBE_REPS = 5
 _host_operands = None
 
@@ -155,6 +155,8 @@ def wait_until_usual(usual_gemm: float | None, usual_host: float | None, budget_
     """Probe until both probes read within SPELL_RATIO of their usual times (a None usual is not
     waited for) or `budget_s` ran out (0: one round of readings; the host probe is not read while
     the GEMM probe reads slow). Returns (the seconds waited, whether both read usual at the end)."""
+    global _after
+    _after = None  # the timing after a wait reads its own before: the reading kept from before it may be a spell's
     t0 = time.monotonic()
 
     def quiet() -> bool:

@@ -96,7 +96,8 @@ class Measurement:
     # and repetitions by, as the first attempt did (not in the row)
     per_call_s: float = float("nan")
     # CPU: the slower of two readings of a tiny fixed GEMM just before and after this timing
-    # (harness/spells.py): far over its usual time, the timing ran in a slow spell
+    # (harness/spells.py; the one before is the previous timing's after when under RECENT_S
+    # old): far over its usual time, the timing ran in a slow spell
     probe_us: float = float("nan")
     # CPU: the same for the host probe, a tiny op's per-call time (spells.host_probe_us): the
     # host's speed at running an op, which the GEMM probe cannot see

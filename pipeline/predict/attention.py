@@ -144,10 +144,13 @@ class AttentionModel:
         # one groupby for every table's cell medians, then a table each: pivot_table per table
         # was most of a fit (probe scaling's cross-validation fits 26 times), the same medians
         keys = ["backend", "dtype", "head_dim", "causal"]
-        cells = g.dropna(subset=["thr"]).groupby([*keys, "bh", "seq"])["thr"].median()
+        # (all-NaN rows and columns dropped as pivot_table drops them: a table with no measured
+        # cell at all still reaches fill_missing, which refuses it)
+        cells = g.groupby([*keys, "bh", "seq"])["thr"].median()
         tables = {}
         for (backend, dtype, hd, causal), t in cells.groupby(level=keys):
             grid = t.droplevel(keys).unstack("seq").sort_index().sort_index(axis=1)
+            grid = grid.dropna(how="all").dropna(axis=1, how="all")
             key = (str(backend), str(dtype), int(hd), bool(causal))
             tables[key] = AttentionTable(*key, grid.index.to_numpy(float), grid.columns.to_numpy(float),
                                          fill_missing(grid.to_numpy(float)))

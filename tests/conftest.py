@@ -19,7 +19,7 @@ def _no_probe_reading_carried_over():
     before would stand in for its first reading, and a test that fakes the probes would see it."""
     from pipeline.harness import spells
 
-    spells._after = None
+    spells.forget_reading()
 
 
 def pytest_collection_modifyitems(config, items):

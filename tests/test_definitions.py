@@ -34,8 +34,8 @@ NO_ERROR_GATE = {"max_heldout_err": "1e9", "max_heldout_mean_err": "1e9"}
 # what the second materialization need not run: it writes none of SAMPLE_TABLES (the fits go to
 # the model store, shape_advice to a table not counted here)
 NOT_RERUN = {"gemm_model", "utility_model", "attention_model", "embedding_model", "memory_model",
-                         "overhead_model", "mlp_baselines", "gemm_config_model", "sweep_quality", "accuracy_report",
-                         "shape_advice"}
+             "overhead_model", "mlp_baselines", "gemm_config_model", "sweep_quality", "accuracy_report",
+             "shape_advice"}
 
 
 def _asset_names() -> list[str]:
@@ -129,8 +129,8 @@ def test_rematerializing_replaces_rows_and_spares_other_devices(devchar_home):
         other = wh.query("SELECT * FROM gemm_samples WHERE device = ?", [slug]).assign(device="cuda-other-gpu")
         wh.replace_partition("gemm_samples", "cuda-other-gpu", other)
         first = _counts(wh, slug)
-        # again, every asset that writes a table but the fits (their versions go to the model
-        # store, not to these tables; the predictions and the evaluation load the first run's)
+        # again, every asset but NOT_RERUN (the predictions and the evaluation load the first
+        # run's models)
         again = [k for k in _asset_names() if k not in NOT_RERUN]
         assert _materialize(slug, instance, mode="in_process", selection=again, **NO_ERROR_GATE).success
     second = _counts(wh, slug)

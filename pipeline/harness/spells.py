@@ -126,6 +126,12 @@ RECENT_S = 0.25
 _after: tuple[float, float, float] | None = None  # (monotonic s, GEMM probe, host probe) after the last call
 
 
+def forget_reading() -> None:
+    """The next timing reads its own before (read_both_around)."""
+    global _after
+    _after = None
+
+
 def read_both_around(call):
     """(call(), the slower GEMM probe reading, the slower host probe reading), each the slower of
     a reading just before and one just after the call. The reading after the previous call is
@@ -155,8 +161,7 @@ def wait_until_usual(usual_gemm: float | None, usual_host: float | None, budget_
     """Probe until both probes read within SPELL_RATIO of their usual times (a None usual is not
     waited for) or `budget_s` ran out (0: one round of readings; the host probe is not read while
     the GEMM probe reads slow). Returns (the seconds waited, whether both read usual at the end)."""
-    global _after
-    _after = None  # the timing after a wait reads its own before: the reading kept from before it may be a spell's
+    forget_reading()  # the timing after a wait reads its own before: the one kept from before it may be a spell's
     t0 = time.monotonic()
 
     def quiet() -> bool:

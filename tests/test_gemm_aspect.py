@@ -27,6 +27,22 @@ def test_the_aspect_grid_corrects_skinny_shapes_and_leaves_square_ones(synthetic
     assert "aspect_log" not in table.to_dict()  # a table without one saves as before
 
 
+def test_a_cell_past_its_rows_largest_measured_n_runs_as_that_cell_linear_in_n(synthetic_gemm_model):
+    """A made-up CPU where M = 4 shapes run 2x the table and the FLOP cap stopped each row at
+    256 outputs: 4 x 256 is priced as the measured 4 x 64 cell times 4, not as the table at its
+    size times the 4 x 64 cell's correction (the table is not linear in waves there)."""
+    table = synthetic_gemm_model.table("mm", "float32")
+    sides = [1, 4, 16, 64, 256]
+    shapes = pd.DataFrame([dict(m=m, n=n, k=64, batch=1) for m in sides for n in sides if m * n <= 256])
+    base = table.predict_us(shapes["m"], shapes["n"], shapes["k"], shapes["batch"])
+    fixed = table.with_aspect(shapes.assign(median_us=base * np.where(shapes["m"] == 4, 2.0, 1.0)))
+    measured = 2.0 * float(table.predict_us(4, 64, 64, 1))
+    assert float(fixed.predict_us(4, 64, 64, 1)) == pytest.approx(measured)  # a measured cell as before
+    assert float(fixed.predict_us(4, 256, 64, 1)) == pytest.approx(4 * measured)
+    assert 4 * measured != pytest.approx(2.0 * float(table.predict_us(4, 256, 64, 1)), rel=0.05)  # the old price
+    assert float(fixed.predict_us(16, 16, 64, 1)) == pytest.approx(float(table.predict_us(16, 16, 64, 1)))
+
+
 def test_aspect_rows_fit_the_correction_not_the_whole_wave_table(synthetic_gemm_model):
     table = synthetic_gemm_model.table("mm", "float32")
     waves_rows = pd.DataFrame([dict(op="mm", dtype="float32", kernel="cpu", tile_m=8, tile_n=8, slots=2, batch=1,

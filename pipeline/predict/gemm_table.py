@@ -11,8 +11,8 @@ import pandas as pd
 from pipeline.core.dtypes import element_bytes
 from pipeline.predict.geometry import bilinear, grid_position
 from pipeline.predict.geometry import waves as count_waves
-from pipeline.predict.gemm_grids import (LINE_BYTES, UNALIGNED_GRIDS, ends_mid_line, is_aligned, median_on_measured,
-                                         relative_to_square)
+from pipeline.predict.gemm_grids import (LINE_BYTES, UNALIGNED_GRIDS, ends_mid_line, extend_rows_linearly,
+                                         is_aligned, median_on_measured, relative_to_square)
 from pipeline.predict.serialize import DataclassJSON
 
 
@@ -131,16 +131,19 @@ class GemmTable(DataclassJSON):
                                rows["batch"].to_numpy())
         ratio = rows.assign(log_ratio=np.log(rows["median_us"].to_numpy(float) / base))
         ms, ns, ks = (np.sort(ratio[c].unique()).astype(float) for c in ("m", "n", "k"))
+        batch = float(rows["batch"].median())  # bmm's grid is timed at a batch of its own (sweeps/gemm_points.py)
         slices = []
         for k in ks:
             grid = ratio[ratio["k"] == k].pivot_table(index="m", columns="n", values="log_ratio", aggfunc="median")
             grid = grid.reindex(index=ms, columns=ns)
-            # a cell the FLOP cap skipped holds its row's nearest measured N (the rows' effect
-            # is what varies most: few rows spread the packing of B over little work)
-            # (per matrix: bmm's grid is timed at a batch of its own, sweeps/gemm_points.py)
-            one_wave = float(self.tile_m * self.tile_n * self.slots) / float(rows["batch"].median())
-            slices.append(pd.DataFrame(relative_to_square(grid, one_wave))
-                          .ffill(axis=1).bfill(axis=1).to_numpy(float))
+            one_wave = float(self.tile_m * self.tile_n * self.slots) / batch  # per matrix
+            rel = relative_to_square(grid, one_wave)
+            # a cell the FLOP cap skipped past its row's largest measured N runs as that cell,
+            # linear in N; any other holds its row's nearest measured N's correction (the rows'
+            # effect is what varies most: few rows spread the packing of B over little work)
+            table_us = self.predict_us(ms[:, None], ns[None, :], k, batch)
+            rel = extend_rows_linearly(rel, grid.to_numpy(float), table_us, ns)
+            slices.append(pd.DataFrame(rel).ffill(axis=1).bfill(axis=1).to_numpy(float))
         cube = np.stack(slices, axis=-1)
         known = ~np.isnan(cube)
         # a cell no K measured: 0; one some K measured: those K's median for the others

@@ -27,9 +27,9 @@ def test_the_aspect_grid_corrects_skinny_shapes_and_leaves_square_ones(synthetic
     assert "aspect_log" not in table.to_dict()  # a table without one saves as before
 
 
-def test_a_cell_past_its_rows_largest_measured_n_runs_as_that_cell_linear_in_n(synthetic_gemm_model):
-    """A made-up CPU where M = 4 shapes run 2x the table and the FLOP cap stopped each row at
-    256 outputs: 4 x 256 is priced as the measured 4 x 64 cell times 4, not as the table at its
+def test_a_wide_cell_past_its_rows_largest_measured_n_runs_as_that_cell_linear_in_n(synthetic_gemm_model):
+    """A made-up CPU where M = 4 shapes run 2x the table and the caps stopped each row at 256
+    outputs: 4 x 256 is priced as the measured 4 x 64 cell times 4, not as the table at its
     size times the 4 x 64 cell's correction (the table is not linear in waves there)."""
     table = synthetic_gemm_model.table("mm", "float32")
     sides = [1, 4, 16, 64, 256]
@@ -41,6 +41,25 @@ def test_a_cell_past_its_rows_largest_measured_n_runs_as_that_cell_linear_in_n(s
     assert float(fixed.predict_us(4, 256, 64, 1)) == pytest.approx(4 * measured)
     assert 4 * measured != pytest.approx(2.0 * float(table.predict_us(4, 256, 64, 1)), rel=0.05)  # the old price
     assert float(fixed.predict_us(16, 16, 64, 1)) == pytest.approx(float(table.predict_us(16, 16, 64, 1)))
+    # near-square cells past the caps keep their row's last correction: the table prices them
+    assert float(fixed.predict_us(16, 64, 64, 1)) == pytest.approx(float(table.predict_us(16, 64, 64, 1)))
+
+
+def test_the_extension_starts_from_the_measured_time_or_for_a_batched_grid_its_relative_cell(synthetic_gemm_model):
+    """With the square cell of the anchor's size 1.5x the table, the extension still starts from
+    the measured 4 x 64 time. A grid timed at batch 4 (bmm's) that runs 2x the table everywhere,
+    the batch's effect, which the batch correction prices (gemm_batch.py): its relative cells
+    are 0, and the extension starts from them, so the batch is not counted twice."""
+    table = synthetic_gemm_model.table("mm", "float32")
+    sides = [1, 4, 16, 64, 256]
+    shapes = pd.DataFrame([dict(m=m, n=n, k=64, batch=1) for m in sides for n in sides if m * n <= 256])
+    base = table.predict_us(shapes["m"], shapes["n"], shapes["k"], shapes["batch"])
+    slow = np.where(shapes["m"] == 4, 2.0, 1.0) * np.where((shapes["m"] == 16) & (shapes["n"] == 16), 1.5, 1.0)
+    fixed = table.with_aspect(shapes.assign(median_us=base * slow))
+    assert float(fixed.predict_us(4, 256, 64, 1)) == pytest.approx(8 * float(table.predict_us(4, 64, 64, 1)))
+    at4 = shapes.assign(batch=4)
+    batched = table.with_aspect(at4.assign(median_us=2.0 * table.predict_us(at4["m"], at4["n"], at4["k"], at4["batch"])))
+    assert float(batched.predict_us(4, 256, 64, 4)) == pytest.approx(4 * float(table.predict_us(4, 64, 64, 4)))
 
 
 def test_aspect_rows_fit_the_correction_not_the_whole_wave_table(synthetic_gemm_model):

@@ -157,25 +157,31 @@ def fill_capped(thr: np.ndarray, ks: np.ndarray) -> np.ndarray:
     return out
 
 
-def extend_rows_linearly(rel: np.ndarray, raw: np.ndarray, table_us: np.ndarray, ns: np.ndarray) -> np.ndarray:
-    """`rel` (an (M x N) correction, relative_to_square) with each row's cells past its largest
-    measured N (NaN in `raw`, log(measured / table) per cell) set so that the table times their
-    correction is that measured cell's time scaled linearly in N: its throughput held, as the
-    whole-wave table holds its last row's. `table_us`: the table's own times over the lattice.
-    Why not the measured cell's correction held: relative to the square cell of a smaller size,
-    it carries that size's aspect effect to one where the square cell runs at another rate. On
-    the Zen 3 EPYC VM (2026-11-29, kept outputs), linear float32 1024 x 16384 x 256 ran 1.35x
+def extend_rows_linearly(rel: np.ndarray, anchor: np.ndarray, table_us: np.ndarray, ms: np.ndarray,
+                         ns: np.ndarray) -> np.ndarray:
+    """`rel` (an (M x N) correction, relative_to_square) with each row's wide cells (N more than
+    NEAR_SQUARE_SKEW powers of 2 past M) beyond its largest measured N set so that the table
+    times their correction is the measured cell's price, `table_us` x exp(`anchor`) there,
+    scaled linearly in N: its throughput held, as the whole-wave table holds its last row's.
+    `table_us`: the table's own times over the lattice; `anchor`: the log ratio to start from
+    (NaN where nothing was measured). Near-square cells past the caps keep their row's last
+    correction: the whole-wave table measured such shapes, and it prices them.
+    Why not hold the wide cell's correction: relative to the square cell of a smaller size, it
+    carries that size's aspect effect to one where the square cell runs at another rate. On the
+    Zen 3 EPYC VM (2026-11-29, kept outputs), linear float32 1024 x 16384 x 256 ran 1.35x
     4096 x 4096 x 256, while 1024 x 65536 ran ~1.1x twice 4096 x 8192; 1024 x 50240 ran 282-295
     ms, and 1024 x 16384 scaled by N priced it 312. Held, the correction priced GPT-2's 1024 x
-    50257 x 256 LM head at 729 ms from stop 49's take, 631 this way; it ran 505 ms alone and
+    50257 x 256 LM head at 729 ms from stop 49's take, 631 this way; it ran ~505 ms alone and
     434 ms traced inside the step (docs/methods.md)."""
     out = rel.copy()
-    ns = np.asarray(ns, float)
-    for i in range(raw.shape[0]):
-        have = np.flatnonzero(~np.isnan(raw[i]))
+    lm, ln = np.log2(np.asarray(ms, float)), np.log2(np.asarray(ns, float))
+    for i in range(anchor.shape[0]):
+        have = np.flatnonzero(~np.isnan(anchor[i]))
         if not have.size:
             continue
         j0 = have[-1]
-        past = np.arange(j0 + 1, ns.size)
-        out[i, past] = raw[i, j0] + np.log(table_us[i, j0] * (ns[past] / ns[j0]) / table_us[i, past])
+        past = np.arange(j0 + 1, ln.size)
+        past = past[ln[past] - lm[i] > NEAR_SQUARE_SKEW]
+        n = 2.0 ** ln[past]
+        out[i, past] = anchor[i, j0] + np.log(table_us[i, j0] * (n / 2.0 ** ln[j0]) / table_us[i, past])
     return out

@@ -90,7 +90,8 @@ class GemmTable(DataclassJSON):
 
     def aspect_factor(self, m, n, k=None) -> np.ndarray | float:
         """How much slower (> 1) or faster a shape runs than the near-square one of the same
-        output size the whole-wave table holds; 1 without an aspect grid. With a correction per
+        output size the whole-wave table holds (past the measured cells of a wide shape's row,
+        than the table at its size); 1 without an aspect grid. With a correction per
         K: linear in log2 K between the grid's K values, held above them, and below the smallest
         faded out in log2 K to none at K = 1 (k None: their median). Why the fade: with K = 1 a
         GEMM is an outer product, whose cost is writing its M x N outputs whatever their shape;
@@ -126,7 +127,9 @@ class GemmTable(DataclassJSON):
     def with_aspect(self, rows: pd.DataFrame) -> "GemmTable":
         """This table with its aspect correction fitted on `rows` (the aspect grid of its kernel):
         per (M, N) and per K of the grid, log(measured / what the table alone predicts), taken
-        relative to the most square cell of the same output size at that K."""
+        relative to the most square cell of the same output size at that K; a wide cell past
+        its row's measured ones, what its row's last measured cell implies linearly in N
+        (gemm_grids.extend_rows_linearly)."""
         base = self.predict_us(rows["m"].to_numpy(), rows["n"].to_numpy(), rows["k"].to_numpy(),
                                rows["batch"].to_numpy())
         ratio = rows.assign(log_ratio=np.log(rows["median_us"].to_numpy(float) / base))
@@ -138,15 +141,19 @@ class GemmTable(DataclassJSON):
             grid = grid.reindex(index=ms, columns=ns)
             one_wave = float(self.tile_m * self.tile_n * self.slots) / batch  # per matrix
             rel = relative_to_square(grid, one_wave)
-            # a cell the FLOP cap skipped past its row's largest measured N runs as that cell,
+            # a wide cell the caps skipped past its row's largest measured N runs as that cell,
             # linear in N; any other holds its row's nearest measured N's correction (the rows'
-            # effect is what varies most: few rows spread the packing of B over little work)
+            # effect is what varies most: few rows spread the packing of B over little work).
+            # The measured cell's own time, except for a batched grid (bmm): its batch effect is
+            # the batch correction's (gemm_batch.py), which a relative cell leaves to it
+            raw = grid.to_numpy(float)
+            anchor = raw if batch == 1 else rel
             table_us = self.predict_us(ms[:, None], ns[None, :], k, batch)
-            rel = extend_rows_linearly(rel, grid.to_numpy(float), table_us, ns)
+            rel = extend_rows_linearly(rel, anchor, table_us, ms, ns)
             slices.append(pd.DataFrame(rel).ffill(axis=1).bfill(axis=1).to_numpy(float))
         cube = np.stack(slices, axis=-1)
         known = ~np.isnan(cube)
-        # a cell no K measured: 0; one some K measured: those K's median for the others
+        # a cell whose row no K measured: 0; one some K measured: those K's median for the others
         some = known.any(-1)
         fill = np.zeros(cube.shape[:-1])
         fill[some] = np.nanmedian(cube[some], axis=-1)

@@ -174,14 +174,13 @@ def extend_rows_linearly(rel: np.ndarray, anchor: np.ndarray, table_us: np.ndarr
     50257 x 256 LM head at 729 ms from stop 49's take, 631 this way; it ran ~505 ms alone and
     434 ms traced inside the step (docs/methods.md)."""
     out = rel.copy()
-    lm, ln = np.log2(np.asarray(ms, float)), np.log2(np.asarray(ns, float))
+    ms, ns = np.asarray(ms, float), np.asarray(ns, float)
     for i in range(anchor.shape[0]):
         have = np.flatnonzero(~np.isnan(anchor[i]))
         if not have.size:
             continue
         j0 = have[-1]
-        past = np.arange(j0 + 1, ln.size)
-        past = past[ln[past] - lm[i] > NEAR_SQUARE_SKEW]
-        n = 2.0 ** ln[past]
-        out[i, past] = anchor[i, j0] + np.log(table_us[i, j0] * (n / 2.0 ** ln[j0]) / table_us[i, past])
+        past = np.arange(j0 + 1, ns.size)
+        past = past[np.log2(ns[past] / ms[i]) > NEAR_SQUARE_SKEW]
+        out[i, past] = anchor[i, j0] + np.log(table_us[i, j0] * (ns[past] / ns[j0]) / table_us[i, past])
     return out

@@ -16,7 +16,8 @@ from pipeline.analysis.bench import bench_predict, evaluation_sizes
 from pipeline.orchestration.partitions import devices
 from pipeline.analysis.plots import error_distribution_plot, worst_per_bin_plot
 from pipeline.predict.baselines import BASELINES
-from pipeline.predict.compare import DevcharPair, error_distribution, held_out_predictions, table_ii, worst_per_bin
+from pipeline.predict.compare import (DevcharPair, bias_by_dim, bias_pivot, error_distribution, held_out_predictions,
+                                      table_ii, worst_per_bin)
 from pipeline.predict.evaluate import attention_predictions, embedding_predictions, gemm_predictions, memory_predictions
 from pipeline.predict.gemm_grids import hot_rows, is_cold
 from pipeline.predict.selector import selection_accuracy
@@ -97,9 +98,13 @@ def model_evaluation(context: dg.AssetExecutionContext, warehouse: DuckDBWarehou
     speed = bench_predict(gemm, {n: m for n, m in models.items() if n != "devchar"}, op="linear", dtype="float32",
                           **evaluation_sizes(device_runner.profile))
     pivot = errors.pivot_table(index=["layer_type", "dtype"], columns="model", values="mean_rel_err").reset_index()
+    # devchar's held-out GEMMs by dimension band: where the tables price a size range under or over
+    bias = bias_by_dim(gemm_predictions(gemm, pd.concat([gheld, gcold]))) if len(gheld) + len(gcold) else None
     return dg.MaterializeResult(metadata={
         # Table II: mean relative error (%) per (layer type, dtype), one column per model
         "table_ii_mean_rel_err": metadata_table(pivot, pct=[c for c in pivot.columns if c not in ("layer_type", "dtype")]),
+        # geometric mean of predicted / measured per band of M, N and K (1 = no bias)
+        **({"heldout_bias_by_dim": metadata_table(bias_pivot(bias))} if bias is not None else {}),
         "selection_accuracy": dg.MetadataValue.json(selection_accuracy(gemm.selector, gheld)),
         "predictions_per_s": dg.MetadataValue.json({k: round(v) for k, v in speed.items()}),
         "worst_error_per_bin": image_md(bins_png, "Max relative error per FLOP bin (PM2Lat Fig. 5)"),

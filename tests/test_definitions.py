@@ -121,7 +121,11 @@ def test_rematerializing_replaces_rows_and_spares_other_devices(devchar_home):
     # the sweeps in this process: what is tested is what the warehouse keeps, and the two runs
     # spare 20 interpreter starts (the slow tier and test_runner run them through Dagster Pipes)
     with dg.instance_for_test() as instance:
-        assert _materialize(slug, instance, mode="in_process", **NO_ERROR_GATE).success
+        result = _materialize(slug, instance, mode="in_process", **NO_ERROR_GATE)
+        assert result.success
+        # the held-out GEMMs' bias per band of M, N and K, beside Table II
+        evaluation = result.asset_materializations_for_node("model_evaluation")[0].metadata
+        assert {"table_ii_mean_rel_err", "heldout_bias_by_dim"} <= set(evaluation)
         # the CPU traces' T1 rows carry the previous op's duration: the overhead model fits its
         # slowdown and the asset draws it
         assert (devchar_home / "plots" / slug / "t1_after_op.png").is_file()

@@ -65,3 +65,44 @@ def error_distribution(pred: pd.DataFrame) -> pd.DataFrame:
     counts = g.assign(err_bin=cut).groupby(["model", "dtype", "err_bin"]).size()
     share = counts / counts.groupby(level=["model", "dtype"]).transform("sum")
     return share.rename("share").reset_index()
+
+
+# Element-count edges of the bands bias_by_dim reports: powers of 4, the spacing of the GEMM sweep's
+# aspect lattice on every device, so each band holds one lattice step and the shapes between.
+DIM_BAND_EDGES = (1, 4, 16, 64, 256)
+GEMM_LAYERS = ("MM", "BMM", "Linear")
+
+
+def dim_band(values) -> pd.Categorical:
+    """'1-3', '4-15', '16-63', '64-255', '256+' by DIM_BAND_EDGES."""
+    edges = list(DIM_BAND_EDGES)
+    labels = [f"{lo}-{hi - 1}" for lo, hi in zip(edges, edges[1:])] + [f"{edges[-1]}+"]
+    return pd.cut(np.asarray(values, float), edges + [np.inf], right=False, labels=labels)
+
+
+def bias_by_dim(pred: pd.DataFrame, dims: tuple[str, ...] = ("m", "n", "k")) -> pd.DataFrame:
+    """Held-out GEMM rows (gemm_predictions: layer_type, dtype, m, n, k, predicted_us, median_us) by
+    the size of each dimension: per (layer type, dtype, dim, band) the rows, their mean |relative
+    error| and the geometric mean of predicted / measured.
+
+    Noise moves a ratio both ways, so a band whose geometric mean sits off 1 marks a bias the
+    tables carry there. On the ten CPU data sets of 2026-11-29, N under 16 read 0.69-0.85 in
+    MM, BMM and Linear alike, N of 16-63 and above 0.94-1.09 (docs/methods.md, stop 51)."""
+    base = pred["layer_type"].str.removesuffix(" cold")
+    g = pred[base.isin(GEMM_LAYERS)]
+    g = g.assign(log_ratio=np.log(g["predicted_us"].to_numpy(float) / g["median_us"].to_numpy(float)),
+                 abs_err=g["rel_err"].abs())
+    out = []
+    for dim in dims:
+        per = g.assign(dim=dim, band=dim_band(g[dim])).groupby(["layer_type", "dtype", "dim", "band"], observed=True)
+        out.append(per.agg(n=("abs_err", "size"), mean_abs_err=("abs_err", "mean"), log_ratio=("log_ratio", "mean")))
+    t = pd.concat(out).reset_index()
+    return t.assign(ratio_geomean=np.exp(t.pop("log_ratio")))
+
+
+def bias_pivot(bias: pd.DataFrame) -> pd.DataFrame:
+    """bias_by_dim as one row per (layer type, dtype, dim), a column of ratio_geomean per band
+    (empty where the band held no row)."""
+    t = bias.pivot_table(index=["layer_type", "dtype", "dim"], columns="band", values="ratio_geomean", observed=True)
+    t.columns = [str(c) for c in t.columns]
+    return t.reset_index()

@@ -17,6 +17,7 @@ from pipeline.core.errors import BadShapeError, MissingModelError, check_positiv
 from pipeline.predict.geometry import waves as count_waves
 from pipeline.predict.gemm_grids import UNALIGNED_GRIDS, fill_capped, is_cold, no_faster_with_more_waves
 from pipeline.predict.gemm_batch import BATCH_GRID, BatchCorrection
+from pipeline.predict.gemm_narrow import NARROW_GRID, NarrowCorrection
 from pipeline.predict.gemm_table import GemmTable
 from pipeline.predict.page_faults import OutputFaults, without_faults
 from pipeline.predict.selector import KernelSelector, selector_labels
@@ -41,6 +42,9 @@ class GemmModel:
         self.weight_cache_bytes = weight_cache_bytes
         # CPU: (op, dtype, kernel) -> how the batch size changes a bmm's time (gemm_batch.py)
         self.batch_corrections: dict[tuple[str, str, str], BatchCorrection] = {}
+        # CPU: (op, dtype) -> what each whole N under a cache line costs beyond the lattice's price
+        # (gemm_narrow.py)
+        self.narrow_corrections: dict[tuple[str, str], NarrowCorrection] = {}
 
     def uncached_share(self, weight_bytes: float) -> float | None:
         """The share of a graph's GEMM weights (`weight_bytes` in all) that the cache cannot hold
@@ -66,8 +70,10 @@ class GemmModel:
         is_twin = grid.isin([name.removesuffix("_log") for name in UNALIGNED_GRIDS]).to_numpy()
         is_aspect = (grid == "aspect").to_numpy()
         cold_rows, is_batch = is_cold(samples), (grid == BATCH_GRID).to_numpy()
+        is_narrow = (grid == NARROW_GRID).to_numpy()
         twins, aspect, cold, batched = samples[is_twin], samples[is_aspect], samples[cold_rows], samples[is_batch]
-        samples = samples[~(is_twin | is_aspect | cold_rows | is_batch)]
+        narrow = samples[is_narrow]
+        samples = samples[~(is_twin | is_aspect | cold_rows | is_batch | is_narrow)]
         tables = {}
         for (op, dtype, kernel), g in samples.groupby(["op", "dtype", "kernel"]):
             tm, tn = (int(g[c].mode().iloc[0]) for c in ("tile_m", "tile_n"))
@@ -98,7 +104,7 @@ class GemmModel:
         cache = samples["weight_cache_bytes"].dropna() if "weight_cache_bytes" in samples else pd.Series(dtype=float)
         model = GemmModel(tables, KernelSelector.fit(selector_labels(every_grid, choices, tables)), faults,
                           float(cache.median()) if len(cache) and len(cold) else None)
-        return model.with_batch(batched)
+        return model.with_batch(batched).with_narrow(narrow)
 
     def with_batch(self, rows: pd.DataFrame) -> "GemmModel":
         """This model with a batch correction per (op, dtype, kernel) the batch grid measured
@@ -109,6 +115,16 @@ class GemmModel:
                 pred = self.tables[key].predict_us(g["m"].to_numpy(), g["n"].to_numpy(), g["k"].to_numpy(),
                                                    g["batch"].to_numpy())
                 self.batch_corrections[key] = BatchCorrection.fit(*key, g, pred)
+        return self
+
+    def with_narrow(self, rows: pd.DataFrame) -> "GemmModel":
+        """This model with a narrow-N correction per (op, dtype) the narrow grid measured
+        (gemm_narrow.py), fitted against everything else the model prices them with."""
+        for (op, dtype), g in rows.groupby(["op", "dtype"]):
+            if (op, dtype) in self.selector.trees:
+                pred = self.predict(op, dtype, g["m"].to_numpy(), g["n"].to_numpy(), g["k"].to_numpy(),
+                                    g["batch"].to_numpy(), faults=False)
+                self.narrow_corrections[(str(op), str(dtype))] = NarrowCorrection.fit(str(op), str(dtype), g, pred)
         return self
 
     def check(self, op: str, dtype: str) -> None:
@@ -133,10 +149,11 @@ class GemmModel:
         return self.tables[(op, dtype, kernel)]
 
     def predict(self, op: str, dtype: str, m, n, k, batch=1, kernel: str | None = None,
-                cold: float | None = None) -> np.ndarray:
+                cold: float | None = None, faults: bool = True) -> np.ndarray:
         """Predicted microseconds for arrays (or scalars) of m, n, k, batch; the kernel is the
         selector's choice per shape unless one is named. `cold` (0..1): the share of the weights
-        read from memory rather than cache (uncached_share); None or 0: timed hot, as swept."""
+        read from memory rather than cache (uncached_share); None or 0: timed hot, as swept.
+        faults=False: the kernel alone, without its fresh output's page faults."""
         arrs = check_positive_arrays(m=m, n=n, k=k, batch=batch)
         if kernel is not None:
             tables = [self.table(op, dtype, kernel)]
@@ -147,7 +164,10 @@ class GemmModel:
         # Chunks small enough that every temporary stays in cache: ~3x faster on 10M shapes.
         for lo in range(0, out.size, CHUNK):
             out[lo:lo + CHUNK] = self._predict_chunk(op, dtype, tables, [a[lo:lo + CHUNK] for a in flat], cold)
-        if self.faults is not None:
+        narrow = self.narrow_corrections.get((op, dtype))
+        if narrow is not None:
+            out *= narrow.factor(flat[1], flat[2])
+        if faults and self.faults is not None:
             m_, n_, _, b_ = flat
             out += self.faults.fault_us(b_ * m_.astype(float) * n_ * element_bytes(dtype))
         return out.reshape(arrs[0].shape)
@@ -200,6 +220,8 @@ class GemmModel:
             d["weight_cache_bytes"] = self.weight_cache_bytes
         if self.batch_corrections:
             d["batch_corrections"] = [c.to_dict() for c in self.batch_corrections.values()]
+        if self.narrow_corrections:
+            d["narrow_corrections"] = [c.to_dict() for c in self.narrow_corrections.values()]
         return d
 
     @classmethod
@@ -211,4 +233,7 @@ class GemmModel:
         for c in d.get("batch_corrections", []):
             corr = BatchCorrection.from_dict(c)
             model.batch_corrections[(corr.op, corr.dtype, corr.kernel)] = corr
+        for c in d.get("narrow_corrections", []):
+            corr = NarrowCorrection.from_dict(c)
+            model.narrow_corrections[(corr.op, corr.dtype)] = corr
         return model

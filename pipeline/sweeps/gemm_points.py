@@ -9,11 +9,12 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from pipeline.core.dtypes import dtypes_for
+from pipeline.core.dtypes import dtypes_for, element_bytes
 from pipeline.core.ops import GEMM_OPS
 from pipeline.device.discover import DeviceIdentity
 from pipeline.predict.gemm_batch import BATCH_GRID
-from pipeline.predict.gemm_grids import COLD_GRID, COLD_HELDOUT
+from pipeline.predict.gemm_grids import COLD_GRID, COLD_HELDOUT, LINE_BYTES
+from pipeline.predict.gemm_narrow import NARROW_GRID
 from pipeline.predict.geometry import whole_wave_shape
 from pipeline.sweeps.cpu_kernels import ATEN_KERNEL
 from pipeline.sweeps.profiles import Profile, wave_counts
@@ -119,7 +120,7 @@ BMM_ASPECT_BATCH = 16
 def _lattice(dev: DeviceIdentity, profile: Profile, ops: tuple[str, ...], batch: int, top: int) -> list[GemmPoint]:
     """`ops` at `batch` over M, N in powers of 4 up to `top`, rows and columns of two, at the
     aspect K values within the caps (counted over the batch), and the unaligned twins."""
-    sides = [4 ** i for i in range(int(math.log(top, 4)) + 1)]
+    sides = [s for s in lattice_sides(top) if s != TWO]
     cap = profile.max_aspect_flops or profile.max_point_flops
 
     def cells(ms, ns):
@@ -165,6 +166,29 @@ def unaligned_twins(grid: list[GemmPoint], k: int) -> list[GemmPoint]:
             for name, dim in UNALIGNED.items()]
 
 
+def lattice_sides(top: int) -> list[int]:
+    """The aspect lattice's sides up to `top`: powers of 4, and TWO."""
+    return sorted({TWO, *(4 ** i for i in range(int(math.log(top, 4)) + 1))})
+
+
+def narrow_points(dev: DeviceIdentity, profile: Profile) -> list[GemmPoint]:
+    """CPU: at each of the profile's narrow (M, K) cells, every whole N of up to one cache line of
+    columns that the aspect lattice does not hold (float32: 3, 5-15), for mm and linear alone and
+    bmm at its aspect batch: a BLAS picks kernels by N there, and the time between two lattice
+    columns is not between theirs (predict/gemm_narrow.py)."""
+    if dev.kind != "cpu" or not profile.gemm_narrow_cells:
+        return []
+    sides = set(lattice_sides(profile.gemm_aspect_max))
+    out = []
+    for dtype in dtypes_for(dev.kind):
+        ns = [n for n in range(1, LINE_BYTES // element_bytes(dtype) + 1) if n not in sides]
+        for op, batch in [*((op, 1) for op in ASPECT_OPS), ("bmm", BMM_ASPECT_BATCH)]:
+            out += [GemmPoint(op, dtype, batch, m, n, k, False, NARROW_GRID)
+                    for m, k in profile.gemm_narrow_cells for n in ns
+                    if batch * m * n <= profile.max_gemm_outputs and 2 * batch * m * n * k <= profile.max_point_flops]
+    return out
+
+
 def random_shapes(op: str, profile: Profile, n: int, rng: np.random.Generator) -> list[tuple[int, int, int, int]]:
     """n log-uniform (batch, M, N, K) in PM2Lat's evaluation ranges (scaled by the profile)."""
 
@@ -204,7 +228,6 @@ def cold_points(dev: DeviceIdentity, profile: Profile, cache_bytes: int | None,
     measured weight cache twice over (the fit fills the smaller ones' cells from beside them)."""
     if dev.kind != "cpu" or not profile.gemm_cold_weights or not cache_bytes:
         return []
-    from pipeline.core.dtypes import element_bytes
     from pipeline.harness.weight_rotation import MAX_COPIES
 
     def rotates(p: GemmPoint) -> bool:
@@ -220,14 +243,14 @@ def cold_points(dev: DeviceIdentity, profile: Profile, cache_bytes: int | None,
 def sweep_points(dev: DeviceIdentity, profile: Profile,
                  tiles: dict[tuple[str, str], tuple[int, int]] | None = None) -> list[GemmPoint]:
     """Every point of the sweep: the whole-wave grid, the aspect grid (CPU), the batch grid (CPU),
-    the held-out shapes. A shape is measured once: an aspect point the whole-wave or the batch
+    the narrow grid (CPU), the held-out shapes. A shape is measured once: an aspect point the whole-wave or the batch
     grid already holds (bmm's square cells at its batch) is left to it (the fit reads such rows
     into the aspect grid too, predict/gemm.py)."""
     train, batched = training_points(dev, profile, tiles), batch_points(dev, profile)
     have = {(p.op, p.dtype, p.batch, p.m, p.n, p.k) for p in train + batched}
     aspect = [p for p in aspect_points(dev, profile)
               if p.grid != "aspect" or (p.op, p.dtype, p.batch, p.m, p.n, p.k) not in have]  # twins all stay
-    return train + aspect + batched + heldout_points(dev, profile)
+    return train + aspect + batched + narrow_points(dev, profile) + heldout_points(dev, profile)
 
 
 def within_call_budget(pts: list[GemmPoint], rates: dict[str, float],

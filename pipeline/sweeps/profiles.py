@@ -76,6 +76,9 @@ class Profile:
     gemm_max_call_s: float = 0.5
     # CPU only: the aspect K at which the unaligned twins are timed (None: the smallest)
     gemm_twin_k: int | None = None
+    # CPU only: the (M, K) cells at which the narrow grid times every whole N under a cache line
+    # off the aspect lattice (sweeps/gemm_points.py narrow_points, predict/gemm_narrow.py)
+    gemm_narrow_cells: tuple[tuple[int, int], ...] = ()
     # CPU only: time the aspect grid's mm and linear cells at its largest K (and the held-out
     # shapes) again with their weights rotated through memory, as inside a model
     # (harness/weight_rotation.py), after a probe of how much the cache holds
@@ -125,7 +128,7 @@ _CPU_TIMING = TimingSpec(warmup_s=0.01, budget_s=0.04, min_reps=5, max_reps=100,
 PROFILES = {
     "tiny": Profile(
         name="tiny", k_values=(4, 32, 128, 512), wave_step=4, max_gemm_outputs=1 << 12, max_point_flops=1e12,
-        gemm_aspect_k=(32,), gemm_aspect_max=256,
+        gemm_aspect_k=(32,), gemm_aspect_max=256, gemm_narrow_cells=((16, 32),),
         heldout_per_op=4, heldout_max_mn=256, heldout_max_k=512, heldout_max_bmm=64, utility_max_elems=1 << 16,
         utility_heldout_per_op=2, gemm_timing=TimingSpec(warmup_s=0.0, budget_s=0.005, min_reps=3, max_reps=20),
         utility_timing=TimingSpec(warmup_s=0.0, budget_s=0.005, min_reps=3, max_reps=20),
@@ -147,6 +150,7 @@ PROFILES = {
         utility_heldout_per_op=12, gemm_timing=_CPU_TIMING, utility_timing=_CPU_TIMING, gemm_aspect_k=(64, 256, 1024), gemm_aspect_max=65536,
         max_wave_flops=4e10, max_aspect_flops=1.6e10,
         gemm_twin_k=256, gemm_cold_weights=True, gemm_batch_k=(16, 64, 256, 1024),
+        gemm_narrow_cells=((64, 256), (1024, 64)),
         workload_configs="quick", workload_batches=(1, 4, 8), workload_seqs=(128,),
         attention_max_seq=256, attention_max_batch=4, attention_max_point_flops=1e8, attention_heldout=12,
         attention_seq_scan=True,
@@ -157,7 +161,7 @@ PROFILES = {
         heldout_per_op=1000, heldout_max_mn=8192, heldout_max_k=2000, heldout_max_bmm=1024,
         utility_max_elems=16384 * 16384,
         utility_heldout_per_op=200, gemm_aspect_k=(64, 256, 1024, 4096), gemm_aspect_max=65536, gemm_cold_weights=True,
-        gemm_batch_k=(16, 64, 256, 1024),
+        gemm_batch_k=(16, 64, 256, 1024), gemm_narrow_cells=((64, 256), (256, 1024), (1024, 64)),
         gemm_max_call_s=5.0, gemm_timing=TimingSpec(warmup_s=0.1, budget_s=0.5, min_reps=25, max_reps=10000, flush_l2=True),
         utility_timing=TimingSpec(warmup_s=0.05, budget_s=0.2, min_reps=25, max_reps=10000, flush_l2=True),
         workload_configs="full", workload_batches=(1, 4, 8), workload_seqs=(128, 512),

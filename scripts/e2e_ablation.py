@@ -18,6 +18,8 @@ Variants, each adding one fix of issue 14 to the one before:
                    skinny and unaligned batched matrices priced from it, not from bmm's table
   +backward_call   the embedding backward rows' null backward() call taken off before the fit: a
                    step's one backward() serves every table (predict/embedding.py)
+  +narrow          every whole N under a cache line off the aspect lattice priced by the narrow
+                   grid's correction (predict/gemm_narrow.py)
 Prints the GEMM held-out error per (op, dtype), each run's e2e_shared error and Table V.
 """
 from __future__ import annotations
@@ -39,6 +41,7 @@ from pipeline.predict.embedding import EmbeddingModel  # noqa: E402
 from pipeline.predict.evaluate import error_table, gemm_predictions  # noqa: E402
 from pipeline.predict.gemm import GemmModel  # noqa: E402
 from pipeline.predict.gemm_grids import hot_rows  # noqa: E402
+from pipeline.predict.gemm_narrow import NARROW_GRID  # noqa: E402
 from pipeline.predict.graph_predict import free_probe, predict_runs, table_v  # noqa: E402
 
 
@@ -74,13 +77,19 @@ def _no_bmm_aspect(g: pd.DataFrame) -> pd.DataFrame:
     return g[~((g["op"] == "bmm") & ((grid == "aspect") | grid.str.startswith("unaligned")))]
 
 
+def _no_narrow(g: pd.DataFrame) -> pd.DataFrame:
+    """Without the narrow grid (the twins it reads as narrow rows stay: without it they are only twins)."""
+    return g[g["grid"].astype(str) != NARROW_GRID]
+
+
 def _no_call(e: pd.DataFrame) -> pd.DataFrame:
     return e.drop(columns="backward_call_us", errors="ignore")
 
 
 def _old(gemm, emb):
-    """A variant before the last two: bmm without its aspect grid, embeddings without the call."""
-    return (lambda g: gemm(_no_bmm_aspect(g))), (lambda e: emb(_no_call(e)))
+    """A variant before the last three: bmm without its aspect grid, embeddings without the call,
+    no narrow grid."""
+    return (lambda g: gemm(_no_narrow(_no_bmm_aspect(g)))), (lambda e: emb(_no_call(e)))
 
 
 def _all(x):
@@ -92,10 +101,10 @@ VARIANTS = {"before": _old(lambda g: _no_faults(_no_twins(hot_rows(_no_batch(g))
             "+cold": _old(lambda g: _no_faults(hot_rows(_no_batch(g))), _all),
             "+faults": _old(lambda g: hot_rows(_no_batch(g)), _all),
             "+cold_weights": _old(_no_batch, _all), "+batch": _old(_all, _all), "+copy_layout": _old(_all, _all),
-            "+bmm_aspect": (_all, _no_call), "+backward_call": (_all, _all)}
+            "+bmm_aspect": (_no_narrow, _no_call), "+backward_call": (_no_narrow, _all), "+narrow": (_all, _all)}
 
 
-STRIDED = ("+copy_layout", "+bmm_aspect", "+backward_call")  # the variants that price copies by their strides
+STRIDED = ("+copy_layout", "+bmm_aspect", "+backward_call", "+narrow")  # the variants that price copies by their strides
 
 
 def main() -> None:

@@ -1,7 +1,7 @@
-"""Held-out GEMM bias by dimension band over several calibrations: each warehouse's GEMM model
-refitted on its training rows, its held-out rows priced, and per (layer type, dim, band) the rows
-and the geometric mean of predicted / measured, pooled over the warehouses and the spread of
-the per-warehouse values. Nothing is measured and nothing is written.
+"""Held-out GEMM bias by dimension band over several calibrations: each device's GEMM model in
+each warehouse refitted on its training rows, its held-out rows priced, and per (layer type, dim,
+band) the rows and the geometric mean of predicted / measured, pooled over the calibrations, and
+the spread of the per-calibration values. Nothing is measured and nothing is written.
 
     .venv/bin/python scripts/heldout_bias.py HOME [HOME ...] [--dtype float32]
 
@@ -27,16 +27,21 @@ from pipeline.predict.evaluate import gemm_predictions  # noqa: E402
 from pipeline.predict.gemm import GemmModel  # noqa: E402
 
 
-def one(home: Path) -> pd.DataFrame:
+def one(home: Path) -> list[pd.DataFrame]:
+    """Each device of the warehouse at `home`: its own model, its own held-out rows."""
     db = home / "devchar.duckdb" if home.is_dir() else home
     if not db.is_file():
         raise SystemExit(f"heldout_bias: no devchar.duckdb at {home}")
     with duckdb.connect(str(db), read_only=True) as con:
         rows = con.execute("SELECT * FROM gemm_samples").df()
-    if rows.empty or not rows["held_out"].any():
-        raise SystemExit(f"heldout_bias: {db} has no held-out GEMM rows")
-    model = GemmModel.fit(rows[~rows["held_out"]])
-    return bias_by_dim(gemm_predictions(model, rows[rows["held_out"]])).assign(home=str(home))
+    out = []
+    for device, mine in rows.groupby("device"):
+        if not mine["held_out"].any():
+            print(f"heldout_bias: {db} has no held-out GEMM rows for {device}; left out", file=sys.stderr)
+            continue
+        model = GemmModel.fit(mine[~mine["held_out"]])
+        out.append(bias_by_dim(gemm_predictions(model, mine[mine["held_out"]])).assign(home=f"{home}:{device}"))
+    return out
 
 
 def main(argv=None) -> int:
@@ -45,7 +50,10 @@ def main(argv=None) -> int:
     ap.add_argument("--dtype", default="float32")
     args = ap.parse_args(argv)
     np.seterr(all="ignore")
-    t = pd.concat([one(h) for h in args.homes])
+    parts = [t for h in args.homes for t in one(h)]
+    if not parts:
+        raise SystemExit("heldout_bias: no warehouse had held-out GEMM rows")
+    t = pd.concat(parts)
     t = t[t["dtype"] == args.dtype]
     if t.empty:
         raise SystemExit(f"heldout_bias: no held-out rows of dtype {args.dtype!r}")
@@ -53,12 +61,12 @@ def main(argv=None) -> int:
     keys = ["layer_type", "dim", "band"]
     pooled = t.groupby(keys, observed=True).agg(n=("n", "sum"), log_sum=("log_sum", "sum"),
                                                  lo=("ratio_geomean", "min"), hi=("ratio_geomean", "max"),
-                                                 homes=("home", "nunique"))
+                                                 calibrations=("home", "nunique"))
     pooled["ratio_geomean"] = np.exp(pooled.pop("log_sum") / pooled["n"])
     pd.set_option("display.width", 200)
-    print(f"{args.dtype}, {t['home'].nunique()} warehouses: predicted / measured by band "
-          "(geometric mean pooled over rows; lo-hi over warehouses)")
-    print(pooled[["n", "homes", "ratio_geomean", "lo", "hi"]].round(2).to_string())
+    print(f"{args.dtype}, {t['home'].nunique()} calibrations: predicted / measured by band "
+          "(geometric mean pooled over rows; lo-hi over calibrations)")
+    print(pooled[["n", "calibrations", "ratio_geomean", "lo", "hi"]].round(2).to_string())
     return 0
 
 

@@ -67,8 +67,8 @@ def error_distribution(pred: pd.DataFrame) -> pd.DataFrame:
     return share.rename("share").reset_index()
 
 
-# Element-count edges of the bands bias_by_dim reports: powers of 4, the spacing of the GEMM sweep's
-# aspect lattice on every device, so each band holds one lattice step and the shapes between.
+# Element-count edges of the bands bias_by_dim reports: powers of 4, the spacing of the CPU GEMM
+# sweep's aspect lattice, so each band holds one lattice step and the shapes between.
 DIM_BAND_EDGES = (1, 4, 16, 64, 256)
 GEMM_LAYERS = ("MM", "BMM", "Linear")
 
@@ -81,13 +81,13 @@ def dim_band(values) -> pd.Categorical:
 
 
 def bias_by_dim(pred: pd.DataFrame, dims: tuple[str, ...] = ("m", "n", "k")) -> pd.DataFrame:
-    """Held-out GEMM rows (gemm_predictions: layer_type, dtype, m, n, k, predicted_us, median_us) by
+    """Held-out GEMM rows (gemm_predictions: layer_type, dtype, m, n, k, predicted_us, median_us, rel_err) by
     the size of each dimension: per (layer type, dtype, dim, band) the rows, their mean |relative
     error| and the geometric mean of predicted / measured.
 
     Noise moves a ratio both ways, so a band whose geometric mean sits off 1 marks a bias the
-    tables carry there. On the ten CPU data sets of 2026-11-29, N under 16 read 0.69-0.85 in
-    MM, BMM and Linear alike, N of 16-63 and above 0.94-1.09 (docs/methods.md, stop 51)."""
+    tables carry there. On the ten CPU data sets of 2026-11-29 (float32), N of 4-15 read 0.71 in
+    MM and 0.74 in Linear, N of 16 and more 0.94-1.02 (docs/methods.md, stop 51)."""
     base = pred["layer_type"].str.removesuffix(" cold")
     g = pred[base.isin(GEMM_LAYERS)]
     g = g.assign(log_ratio=np.log(g["predicted_us"].to_numpy(float) / g["median_us"].to_numpy(float)),

@@ -17,7 +17,7 @@ from pipeline.core.errors import BadShapeError, MissingModelError, check_positiv
 from pipeline.predict.geometry import waves as count_waves
 from pipeline.predict.gemm_grids import UNALIGNED_GRIDS, fill_capped, is_cold, no_faster_with_more_waves
 from pipeline.predict.gemm_batch import BATCH_GRID, BatchCorrection
-from pipeline.predict.gemm_narrow import NARROW_GRID, NarrowCorrection
+from pipeline.predict.gemm_narrow import NARROW_GRID, NarrowCorrection, narrow_rows
 from pipeline.predict.gemm_table import GemmTable
 from pipeline.predict.page_faults import OutputFaults, without_faults
 from pipeline.predict.selector import KernelSelector, selector_labels
@@ -72,7 +72,7 @@ class GemmModel:
         cold_rows, is_batch = is_cold(samples), (grid == BATCH_GRID).to_numpy()
         is_narrow = (grid == NARROW_GRID).to_numpy()
         twins, aspect, cold, batched = samples[is_twin], samples[is_aspect], samples[cold_rows], samples[is_batch]
-        narrow = samples[is_narrow]
+        narrow = narrow_rows(samples, grid)
         samples = samples[~(is_twin | is_aspect | cold_rows | is_batch | is_narrow)]
         tables = {}
         for (op, dtype, kernel), g in samples.groupby(["op", "dtype", "kernel"]):
@@ -122,6 +122,7 @@ class GemmModel:
         (gemm_narrow.py), fitted against everything else the model prices them with."""
         for (op, dtype), g in rows.groupby(["op", "dtype"]):
             if (op, dtype) in self.selector.trees:
+                self.narrow_corrections.pop((str(op), str(dtype)), None)  # fitted against the model without one
                 pred = self.predict(op, dtype, g["m"].to_numpy(), g["n"].to_numpy(), g["k"].to_numpy(),
                                     g["batch"].to_numpy(), faults=False)
                 self.narrow_corrections[(str(op), str(dtype))] = NarrowCorrection.fit(str(op), str(dtype), g, pred)

@@ -4,17 +4,18 @@
 The aspect lattice holds N in powers of 4 and 2 (1, 2, 4, 16, ...), and a shape between two of
 its columns is priced between them. Below a line of columns a BLAS changes kernels at N of its
 own, and the time between two lattice columns is then not between theirs. On the Zen 3 EPYC VM
-(2 threads, float32, 2026-11-29) mm 1024 x N x 1024 ran 841 us at N = 4, 1308-1718 at N = 5-10,
-569 at N = 12 and 332 at N = 16; `F.linear` of the same sizes grew from 283 us at N = 4 to 942 at
-N = 15, then 384 at N = 16. Over ten CPU calibrations (two CPU vendors) the held-out shapes with
+(2 threads, float32, 2026-11-29) mm 1024 x N x 1024 ran 841 us at N = 4, 1037-1718 at N = 5-10,
+569 at N = 12 and 332 at N = 16; `F.linear` of the same sizes ran 410-942 us at N = 5-15, against
+283 at N = 4 and 384 at N = 16. Over ten CPU calibrations (two CPU vendors) the held-out shapes with
 N of 4-15 were priced 0.71 (mm) and 0.74 (linear) of their time, geometric mean
 (scripts/heldout_bias.py).
 
 The sweep's narrow grid times every whole N under a line that is not on the lattice, at a few
 (M, K) cells (sweeps/gemm_points.py narrow_points). Per (op, dtype) and N the correction is the
-median over those cells of log(measured / the model without it). It applies to shapes of that
-exact N whatever their M, K and batch: on that VM the times over N, relative to N = 4, kept
-their pattern within ~20 % across M = 64-1024 and K = 64-1024. Other N are left alone.
+median over those cells of log(measured / the model without it) (with the quick profile's two
+cells, their geometric mean). It applies to shapes of that exact N whatever their M, K and
+batch: on that VM mm's times over N, relative to N = 4, kept their pattern within ~20 % across
+M = 64-1024 and K = 64-1024. Below M = 64 nothing was checked. Other N are left alone.
 """
 from __future__ import annotations
 
@@ -26,6 +27,18 @@ import pandas as pd
 from pipeline.predict.serialize import DataclassJSON
 
 NARROW_GRID = "narrow_n"  # gemm_samples.grid of the narrow grid's rows
+TWIN_N_GRID = "unaligned_n"  # the aspect cells' twins one column wider (sweeps/gemm_points.py)
+
+
+def narrow_rows(samples: pd.DataFrame, grid: pd.Series) -> pd.DataFrame:
+    """The rows the correction is fitted on: the narrow grid's, and the unaligned-N twins at an N
+    of (op, dtype) it times (N = 5 at the twins' K): the sweep times such a shape once
+    (sweep_points), and the twins' own correction skips columns under a line."""
+    narrow = samples[(grid == NARROW_GRID).to_numpy()]
+    timed = set(zip(narrow["op"], narrow["dtype"], narrow["n"]))
+    twin = (grid == TWIN_N_GRID).to_numpy() & np.array(
+        [key in timed for key in zip(samples["op"], samples["dtype"], samples["n"])], bool)
+    return pd.concat([narrow, samples[twin]], ignore_index=True)
 
 
 @dataclass

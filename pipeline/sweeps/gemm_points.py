@@ -41,6 +41,11 @@ class GemmPoint:
     grid: str = "waves"  # "waves" (PM2Lat's whole-wave grid), "aspect" (CPU: off its diagonal), "batch", "narrow_n", "heldout"
 
     @property
+    def shape(self) -> tuple[str, str, int, int, int, int]:
+        """The GEMM this point times, whatever its grid: what "measured once" compares."""
+        return self.op, self.dtype, self.batch, self.m, self.n, self.k
+
+    @property
     def flops(self) -> int:
         return 2 * self.batch * self.m * self.n * self.k
 
@@ -243,16 +248,16 @@ def cold_points(dev: DeviceIdentity, profile: Profile, cache_bytes: int | None,
 def sweep_points(dev: DeviceIdentity, profile: Profile,
                  tiles: dict[tuple[str, str], tuple[int, int]] | None = None) -> list[GemmPoint]:
     """Every point of the sweep: the whole-wave grid, the aspect grid (CPU), the batch grid (CPU),
-    the narrow grid (CPU), the held-out shapes. A shape is measured once: an aspect point the whole-wave or the batch
-    grid already holds (bmm's square cells at its batch) is left to it (the fit reads such rows
-    into the aspect grid too, predict/gemm.py)."""
+    the narrow grid (CPU), the held-out shapes. A shape is measured once: an aspect point the
+    whole-wave or the batch grid already holds (bmm's square cells at its batch) is left to it
+    (the fit reads such rows into the aspect grid too, predict/gemm.py), and so is a narrow point
+    the aspect grid's twins hold."""
     train, batched = training_points(dev, profile, tiles), batch_points(dev, profile)
-    have = {(p.op, p.dtype, p.batch, p.m, p.n, p.k) for p in train + batched}
-    aspect = [p for p in aspect_points(dev, profile)
-              if p.grid != "aspect" or (p.op, p.dtype, p.batch, p.m, p.n, p.k) not in have]  # twins all stay
-    have |= {(p.op, p.dtype, p.batch, p.m, p.n, p.k) for p in aspect}
+    have = {p.shape for p in train + batched}
+    aspect = [p for p in aspect_points(dev, profile) if p.grid != "aspect" or p.shape not in have]  # twins all stay
+    have |= {p.shape for p in aspect}
     # the twins at N = 5 (and bfloat16's 17) on a narrow cell: the fit reads them as narrow rows too
-    narrow = [p for p in narrow_points(dev, profile) if (p.op, p.dtype, p.batch, p.m, p.n, p.k) not in have]
+    narrow = [p for p in narrow_points(dev, profile) if p.shape not in have]
     return train + aspect + batched + narrow + heldout_points(dev, profile)
 
 

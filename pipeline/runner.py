@@ -271,6 +271,13 @@ def all_sweeps(device: str) -> list[str]:
     if importlib.util.find_spec("pyopencl") is None:
         print("all: pyopencl is not installed here: skipping the opencl sweep", file=sys.stderr)
         names.remove("opencl")
+    else:
+        from pipeline.opencl.sweep.execute import opencl_unusable
+
+        why = opencl_unusable("gpu" if cuda else "cpu")
+        if why:
+            print(f"all: {why}: skipping the opencl sweep", file=sys.stderr)
+            names.remove("opencl")
     return names
 
 

@@ -385,3 +385,19 @@ def test_a_reference_known_to_fail_a_check_passes_only_when_exactly_that_fails(d
     out = capsys.readouterr()
     assert says in out.out + out.err
 
+
+
+def test_run_leaves_out_an_opencl_device_that_cannot_build(monkeypatch, capsys):
+    """`devchar run` on a machine whose OpenCL compiler refuses the CPU: the launch sweep (and
+    with it the OpenCL models) is skipped with the compiler's reason, not failed mid-run."""
+    import pipeline.opencl.sweep.execute as execute
+    from pipeline.cli import main as cli
+
+    monkeypatch.setattr(execute, "opencl_unusable", lambda kind: f"the OpenCL {kind} device cannot build a kernel: "
+                        "unknown target CPU 'generic'")
+    assert cli._unusable_opencl("cpu-some-2c") == ["opencl_launches"]
+    assert "cpu device cannot build a kernel: unknown target CPU 'generic'" in capsys.readouterr().out
+    assert cli._unusable_opencl("cuda-some-gpu") == ["opencl_launches"]
+    assert "the OpenCL gpu device" in capsys.readouterr().out
+    monkeypatch.setattr(execute, "opencl_unusable", lambda kind: None)
+    assert cli._unusable_opencl("cpu-some-2c") == []

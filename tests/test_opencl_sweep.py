@@ -3,7 +3,6 @@ sampler, IQR rebalancing, containment of hung / crashing kernels, the corpus, an
 `opencl` sweep through the runner (tiny profile, PoCL's CPU device)."""
 import json
 import math
-import subprocess
 import sys
 from dataclasses import replace
 
@@ -17,14 +16,11 @@ from pipeline.opencl.sweep.settings import (iqr_rebalance, lsize_choices, regime
 
 
 def _pocl_available() -> tuple[bool, str]:
-    code = "import pyopencl as cl; print(len([d for p in cl.get_platforms() for d in p.get_devices()]))"
-    try:
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    except Exception as exc:  # noqa: BLE001
-        return False, f"pyopencl did not start: {exc}"
-    if out.returncode != 0 or not out.stdout.strip().isdigit() or int(out.stdout) == 0:
-        return False, f"no OpenCL device (PoCL's ICD not found): {out.stderr.strip()[-200:]}"
-    return True, ""
+    """A device that builds a probe kernel (PoCL 3.0's LLVM refuses a CPU it does not know)."""
+    from pipeline.opencl.sweep.execute import opencl_unusable
+
+    why = opencl_unusable("cpu")
+    return why is None, f"no usable OpenCL device: {why}"
 
 
 _OK, _WHY = _pocl_available()
@@ -280,3 +276,44 @@ def test_a_worker_that_dies_starting_says_why():
 
     with Broken() as runner, pytest.raises(RuntimeError, match="died before answering.*No module named 'pyopencl'"):
         runner.device_info()
+
+
+def test_a_device_that_cannot_build_a_kernel_is_unusable_and_says_why():
+    """PoCL 3.0 on a CPU its LLVM does not know: the platform and device are there, every build
+    fails with "unknown target CPU 'generic'", and pyopencl's message ends with the build
+    options. The device query answers with the build log's error line, and `opencl_unusable`
+    returns it (the real worker's serve loop, a fake device in place of pyopencl's)."""
+    import sys
+
+    import pytest
+
+    from pipeline.opencl.sweep.execute import KernelRunner, OpenCLUnusableError
+
+    fake = ("import sys; from multiprocessing.connection import Connection; "
+            "import pipeline.opencl.sweep.worker as w\n"
+            "class Dev:\n"
+            "    def __init__(self, kind): pass\n"
+            "    def info(self): raise RuntimeError('clBuildProgram failed: BUILD_PROGRAM_FAILURE\\n\\n"
+            "Build on <pyopencl.Device>:\\n\\nerror: unknown target CPU \\'generic\\'\\n"
+            "Device failed to build the program\\n\\n(options: -I /x/pyopencl/cl)')\n"
+            "w._Device = Dev\n"
+            "w.serve(Connection(int(sys.argv[1])))")
+
+    class Unbuildable(KernelRunner):
+        @staticmethod
+        def _worker_argv(fd: int) -> list[str]:
+            return [sys.executable, "-c", fake, str(fd)]
+
+    with Unbuildable() as runner, pytest.raises(OpenCLUnusableError) as err:
+        runner.device_info()
+    assert str(err.value) == "the OpenCL cpu device cannot build a kernel: unknown target CPU 'generic'"
+    assert "options" not in str(err.value)
+
+
+def test_build_log_errors_keeps_the_error_lines_once():
+    from pipeline.opencl.sweep.worker import build_log_errors
+
+    log = RuntimeError("BUILD_PROGRAM_FAILURE\nerror: unknown target CPU 'generic'\nerror: unknown target CPU "
+                       "'generic'\n(options: -I x)")
+    assert build_log_errors(log) == "unknown target CPU 'generic'"
+    assert build_log_errors(ValueError("no platforms")) == "ValueError: no platforms"

@@ -176,6 +176,17 @@ def test_all_means_the_sweeps_that_apply(monkeypatch):
     assert "opencl" not in runner.all_sweeps("cuda")  # a bare GPU node has no pyopencl
 
 
+def test_all_leaves_out_an_opencl_device_that_cannot_build(monkeypatch, capsys):
+    import pipeline.opencl.sweep.execute as execute
+
+    monkeypatch.setattr(execute, "opencl_unusable", lambda kind: f"the OpenCL {kind} device cannot build a kernel: "
+                        "unknown target CPU 'generic'")
+    assert "opencl" not in runner.all_sweeps("cpu")
+    assert "unknown target CPU 'generic': skipping the opencl sweep" in capsys.readouterr().err
+    monkeypatch.setattr(execute, "opencl_unusable", lambda kind: None)
+    assert "opencl" in runner.all_sweeps("cpu")
+
+
 def test_a_thread_count_the_cpu_does_not_have_is_one_clear_error(cpu):
     from pipeline.runner import with_threads
 

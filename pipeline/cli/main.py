@@ -25,6 +25,7 @@ def cmd_run(args) -> int:
         from pipeline.device.discover import identify
 
         slug, source, selection = identify(args.device).slug, "measured", None
+        args.skip = [*(getattr(args, "skip", None) or []), *_unusable_opencl(slug)]
     else:
         slug, selection = reference_plan(args.device)
         from resources.devices import reference_dir
@@ -53,6 +54,19 @@ def cmd_run(args) -> int:
         load_reference_only_tables(slug)
     print(summary(slug, result.run_id))
     return _report_run(result, slug, set(getattr(args, "expect_failing", []) or []))
+
+
+def _unusable_opencl(slug: str) -> list[str]:
+    """["opencl_launches"] when this machine's OpenCL device cannot build a kernel (the reason
+    printed): the rest of the run characterizes the device without it, as it does where
+    pyopencl is missing, instead of failing at that one sweep."""
+    from pipeline.opencl.sweep.execute import opencl_unusable
+
+    why = opencl_unusable("gpu" if slug.startswith("cuda") else "cpu")
+    if why is None:
+        return []
+    print(f"devchar: {why}; the OpenCL launch sweep cannot run on this machine", flush=True)
+    return ["opencl_launches"]
 
 
 def run_config_for(args, reference: bool) -> dict:

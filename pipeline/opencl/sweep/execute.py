@@ -23,11 +23,29 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from pipeline.core.errors import DevcharError
 from pipeline.harness.timer import TimingSpec
 
 _REPO_ROOT = Path(__file__).resolve().parents[3]
 
 NOT_RUN = "not_run"  # a launch skipped after an earlier one of its job timed out
+
+
+class OpenCLUnusableError(DevcharError, RuntimeError):
+    """The OpenCL device is there but cannot build a one-line kernel (its compiler's error named)."""
+
+
+def opencl_unusable(device_type: str = "cpu") -> str | None:
+    """Why the OpenCL sweep cannot run on this machine's `device_type` ("cpu": PoCL, "gpu"),
+    or None when a probe kernel builds. Asked in a worker, as the sweep asks, ~1 s. PoCL 3.0's
+    LLVM names a CPU it does not know "generic" and then refuses that name (an AMD family-26
+    EPYC, 2026-11-29): without this, a whole `devchar run` failed at opencl_launches."""
+    try:
+        with KernelRunner(Limits(), device_type=device_type) as runner:
+            runner.device_info()
+    except RuntimeError as exc:  # OpenCLUnusableError, or a worker that died starting
+        return str(exc)
+    return None
 
 
 @dataclass
@@ -86,6 +104,8 @@ class KernelRunner:
             raise RuntimeError("OpenCL worker did not answer the device query")
         if isinstance(msg, tuple) and msg[0] == "crash":
             raise RuntimeError(f"OpenCL worker died before answering the device query: {msg[1]}")
+        if isinstance(msg, tuple) and msg[0] == "unusable":
+            raise OpenCLUnusableError(f"the OpenCL {self.device_type} device cannot build a kernel: {msg[1]}")
         return msg
 
     def run(self, source: str, name: str, launches: list[Launch]) -> list[LaunchResult]:

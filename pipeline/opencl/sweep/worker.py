@@ -156,8 +156,11 @@ def serve(conn) -> None:
         msg = conn.recv()
         if msg is None:
             return
-        if msg[0] == "info":
-            conn.send(device.info())
+        if msg[0] == "info":  # builds a probe kernel: a compiler that cannot target this CPU says so here
+            try:
+                conn.send(device.info())
+            except Exception as exc:  # noqa: BLE001 - the reason goes back whole, as one line
+                conn.send(("unusable", build_log_errors(exc)))
             continue
         _, source, name, launches = msg
         try:
@@ -173,6 +176,14 @@ def serve(conn) -> None:
                 conn.send(("ok", np.asarray(times), out))
             except Exception as exc:
                 conn.send(("launch_error", _short(exc)))
+
+
+def build_log_errors(exc: Exception) -> str:
+    """The build log's `error:` lines (PoCL: "unknown target CPU 'generic'" where its LLVM does
+    not know the host CPU), else the exception: pyopencl's own message ends with the build
+    options, which say nothing."""
+    found = list(dict.fromkeys(m.strip() for m in re.findall(r"error: ([^\n]+)", str(exc))))
+    return _short("; ".join(found)) if found else _short(exc)
 
 
 def _short(exc: Exception | str, limit: int = 300) -> str:

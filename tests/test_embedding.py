@@ -92,6 +92,36 @@ def test_hit_rate_moves_cached_tables_off_dram():
     assert hit_rate(64, 1000, 4, 16, 4, 192, 2, 1) == 0.0  # 3 cached rows cannot hold a bag of 4
 
 
+def test_the_per_row_hit_model_tells_a_table_that_mostly_fits_from_one_that_does_not():
+    """Rows timed as if each looked-up row hit with cached / E and a miss cost 0.05 us: with
+    the paper's all-L p, a bag of 32 rows almost never "hits" in a 1 MiB cache at E = 30 000
+    (16 384 rows cached) or 1 000 000 alike; the fit keeps the per-row model (lower training error) and tells them
+    apart. A saved model without the key prices with the paper's p, as before."""
+    cache = 1 << 20
+    assert hit_rate(256, 10_000, 32, 16, 4, cache, 2, 1, per_row=True) == 1.0  # 16384 rows cached
+    assert hit_rate(256, 1_000_000, 32, 16, 4, cache, 2, 1, per_row=True) == pytest.approx(16384 / 1e6)
+    assert hit_rate(256, 30_000, 32, 16, 4, cache, 2, 1, per_row=True) == pytest.approx(16384 / 30_000)
+    assert hit_rate(256, 30_000, 32, 16, 4, cache, 2, 1) < 1e-8
+    B, E, T, L, D = _embedding_shapes().T
+    dram, l2 = embedding_traffic("backward", "float32", B, E, T, L, D, cache, 2, 1, per_row=True)
+    miss = B * T * L * (1 - hit_rate(B, E, L, D, 4, cache, 2, 1, per_row=True))
+    rows = pd.DataFrame(dict(direction="backward", dtype="float32", B=B, E=E, T=T, L=L, D=D, held_out=False,
+                             median_us=4.0 + dram / 10e3 + l2 / 40e3 + 0.05 * miss, units=2, rows_per_block=1,
+                             l2_bytes=cache))
+    model = EmbeddingModel.fit(rows)
+    fit = model.groups[("backward", "float32")]["hit"]
+    assert fit["per_row"] is True and fit["us_per_miss"] == pytest.approx(0.05, rel=1e-3)
+    near, far = model.predict("backward", "float32", 2048, [30_000, 1_000_000], 1, 32, 16)
+    assert far > 1.5 * near
+    saved = json.loads(json.dumps(model.to_dict()))
+    assert EmbeddingModel.from_dict(saved).predict("backward", "float32", 2048, 1_000_000, 1, 32, 16) == \
+        pytest.approx(far)
+    for g in saved["groups"]:  # a model saved before the per-row model: the paper's p
+        g["hit"].pop("per_row"), g["hit"].pop("us_per_miss")
+    old = EmbeddingModel.from_dict(saved).predict("backward", "float32", 2048, [30_000, 1_000_000], 1, 32, 16)
+    assert old[0] == pytest.approx(old[1], rel=1e-6) and old[1] < 0.8 * far
+
+
 def test_embedding_fit_refuses_held_out_rows():
     B, E, T, L, D = _embedding_shapes()[:4].T
     rows = pd.DataFrame(dict(direction="forward", dtype="float32", B=B, E=E, T=T, L=L, D=D, median_us=5.0,

@@ -263,21 +263,16 @@ def main(argv: list[str] | None = None) -> int:
 def all_sweeps(device: str) -> list[str]:
     """What `all` means on this device: every sweep that applies to it. The peer references are
     H100 measurements and gemm_configs calls cuBLASLt (both CUDA only); the OpenCL sweep needs
-    pyopencl, absent on a bare GPU node."""
-    import importlib.util
+    pyopencl (absent on a bare GPU node) and a device that builds a probe kernel."""
+    from pipeline.opencl.sweep.execute import opencl_unusable
 
     cuda = device.startswith("cuda") or (device == "auto" and _cuda_available())
     names = [s for s in SWEEPS if s not in ("reference", "gemm_configs") or cuda]
-    if importlib.util.find_spec("pyopencl") is None:
-        print("all: pyopencl is not installed here: skipping the opencl sweep", file=sys.stderr)
-        names.remove("opencl")
-    else:
-        from pipeline.opencl.sweep.execute import opencl_unusable
 
-        why = opencl_unusable("gpu" if cuda else "cpu")
-        if why:
-            print(f"all: {why}: skipping the opencl sweep", file=sys.stderr)
-            names.remove("opencl")
+    why = opencl_unusable("gpu" if cuda else "cpu")  # no pyopencl, no device, or no compiler for it
+    if why:
+        print(f"all: {why}: skipping the opencl sweep", file=sys.stderr)
+        names.remove("opencl")
     return names
 
 

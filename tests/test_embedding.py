@@ -111,6 +111,9 @@ def test_the_per_row_hit_model_tells_a_table_that_mostly_fits_from_one_that_does
     model = EmbeddingModel.fit(rows)
     fit = model.groups[("backward", "float32")]["hit"]
     assert fit["per_row"] is True and fit["us_per_miss"] == pytest.approx(0.05, rel=1e-3)
+    dram, l2 = embedding_traffic("backward", "float32", B, E, T, L, D, cache, 2, 1)  # the paper's p
+    paper = EmbeddingModel.fit(rows.assign(median_us=4.0 + dram / 10e3 + l2 / 40e3))
+    assert "per_row" not in paper.groups[("backward", "float32")]["hit"]
     near, far = model.predict("backward", "float32", 2048, [30_000, 1_000_000], 1, 32, 16)
     assert far > 1.5 * near
     saved = json.loads(json.dumps(model.to_dict()))

@@ -317,3 +317,32 @@ def test_build_log_errors_keeps_the_error_lines_once():
                        "'generic'\n(options: -I x)")
     assert build_log_errors(log) == "unknown target CPU 'generic'"
     assert build_log_errors(ValueError("no platforms")) == "ValueError: no platforms"
+
+
+def test_no_device_is_unusable_and_a_worker_that_dies_is_a_fault(monkeypatch):
+    """No OpenCL device (the worker's _Device raises): the device query says so and
+    `opencl_unusable` returns it. A worker that dies starting for another reason raises: a
+    broken worker must not read as a machine without OpenCL."""
+    import sys
+
+    import pytest
+
+    from pipeline.opencl.sweep import execute
+
+    nodev = ("import sys; from multiprocessing.connection import Connection; "
+             "import pipeline.opencl.sweep.worker as w\n"
+             "class Dev:\n"
+             "    def __init__(self, kind): raise RuntimeError('clGetPlatformIDs failed: PLATFORM_NOT_FOUND_KHR')\n"
+             "w._Device = Dev\n"
+             "w.serve(Connection(int(sys.argv[1])))")
+    monkeypatch.setattr(execute.KernelRunner, "_worker_argv", staticmethod(lambda fd: [sys.executable, "-c", nodev,
+                                                                                       str(fd)]))
+    monkeypatch.setattr("importlib.util.find_spec", lambda name, *a: object())
+    assert execute.opencl_unusable("cpu") == ("no OpenCL cpu device: RuntimeError: clGetPlatformIDs failed: "
+                                              "PLATFORM_NOT_FOUND_KHR")
+    monkeypatch.setattr(execute.KernelRunner, "_worker_argv", staticmethod(
+        lambda fd: [sys.executable, "-c", "import time; time.sleep(0.3); raise SystemExit('worker bug')"]))
+    with pytest.raises(RuntimeError, match="died before answering.*worker bug"):
+        execute.opencl_unusable("cpu")
+    monkeypatch.setattr("importlib.util.find_spec", lambda name, *a: None)
+    assert execute.opencl_unusable("cpu") == "pyopencl is not installed here"

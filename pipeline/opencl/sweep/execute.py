@@ -36,14 +36,20 @@ class OpenCLUnusableError(DevcharError, RuntimeError):
 
 
 def opencl_unusable(device_type: str = "cpu") -> str | None:
-    """Why the OpenCL sweep cannot run on this machine's `device_type` ("cpu": PoCL, "gpu"),
-    or None when a probe kernel builds. Asked in a worker, as the sweep asks, ~1 s. PoCL 3.0's
+    """Why the OpenCL sweep cannot run on this machine's `device_type` ("cpu": PoCL, "gpu"): no
+    pyopencl, no device, or a device whose compiler cannot build a one-line probe kernel; None
+    when the probe builds. Asked in a worker, as the sweep asks, ~1 s. Any other failure (a
+    worker that dies or hangs) raises: it is a fault to see, not a machine to skip. PoCL 3.0's
     LLVM names a CPU it does not know "generic" and then refuses that name (an AMD family-26
     EPYC, 2026-11-29): without this, a whole `devchar run` failed at opencl_launches."""
+    import importlib.util
+
+    if importlib.util.find_spec("pyopencl") is None:
+        return "pyopencl is not installed here"
     try:
         with KernelRunner(Limits(), device_type=device_type) as runner:
             runner.device_info()
-    except RuntimeError as exc:  # OpenCLUnusableError, or a worker that died starting
+    except OpenCLUnusableError as exc:
         return str(exc)
     return None
 
@@ -105,7 +111,9 @@ class KernelRunner:
         if isinstance(msg, tuple) and msg[0] == "crash":
             raise RuntimeError(f"OpenCL worker died before answering the device query: {msg[1]}")
         if isinstance(msg, tuple) and msg[0] == "unusable":
-            raise OpenCLUnusableError(f"the OpenCL {self.device_type} device cannot build a kernel: {msg[1]}")
+            reason = msg[1] if msg[1].startswith("no OpenCL") else f"the OpenCL {self.device_type} device cannot " \
+                f"build a kernel: {msg[1]}"
+            raise OpenCLUnusableError(reason)
         return msg
 
     def run(self, source: str, name: str, launches: list[Launch]) -> list[LaunchResult]:

@@ -151,7 +151,13 @@ def serve(conn) -> None:
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     _die_with_parent()
-    device = _Device(device_type)
+    try:
+        device = _Device(device_type)
+    except Exception as exc:  # no platform or device: the device query says so, anything else dies
+        if conn.recv()[:1] == ("info",):
+            conn.send(("unusable", f"no OpenCL {device_type} device: {_short(exc)}"))
+            return
+        raise
     while True:
         msg = conn.recv()
         if msg is None:

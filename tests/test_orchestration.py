@@ -46,3 +46,26 @@ def test_recalibration_job_covers_samples_and_models_only():
                     "gemm_model", "utility_model", "attention_model", "embedding_model", "memory_model",
                     "overhead_model", "opencl_models", "mlp_baselines", "gemm_config_samples", "gemm_config_choices",
                     "gemm_config_model", "sweep_quality"}  # no predictions, no evaluation
+
+
+def test_schedule_leaves_out_the_opencl_sweep_where_this_machines_opencl_cannot_build(monkeypatch):
+    """A Zen 5 EPYC's PoCL cannot build a kernel: the local device's weekly run re-measures and
+    re-fits everything else, as `devchar run` does there; other devices keep the whole job."""
+    import pipeline.opencl.sweep.execute as execute
+    from pipeline.definitions import defs
+
+    slug = identify("cpu").slug
+    repo = defs.get_repository_def()
+    with dg.instance_for_test() as instance:
+        instance.add_dynamic_partitions(devices.name, [slug, "cuda-b"])
+        monkeypatch.setattr(execute, "opencl_unusable", lambda kind: "the OpenCL cpu device cannot build a kernel: "
+                            "unknown target CPU 'generic'")
+        with dg.build_schedule_context(instance=instance, scheduled_execution_time=WHEN, repository_def=repo) as ctx:
+            requests = {r.partition_key: r for r in weekly_recalibration(ctx)}
+        assert requests["cuda-b"].asset_selection is None
+        local = {k.to_user_string() for k in requests[slug].asset_selection}
+        assert {"gemm_samples", "gemm_model", "embedding_model"} <= local
+        assert not local & {"opencl_launches", "opencl_models", "model_evaluation"}
+        monkeypatch.setattr(execute, "opencl_unusable", lambda kind: None)
+        with dg.build_schedule_context(instance=instance, scheduled_execution_time=WHEN, repository_def=repo) as ctx:
+            assert all(r.asset_selection is None for r in weekly_recalibration(ctx))

@@ -268,7 +268,6 @@ def all_sweeps(device: str) -> list[str]:
 
     cuda = device.startswith("cuda") or (device == "auto" and _cuda_available())
     names = [s for s in SWEEPS if s not in ("reference", "gemm_configs") or cuda]
-
     why = opencl_unusable("gpu" if cuda else "cpu")  # no pyopencl, no device, or no compiler for it
     if why:
         print(f"all: {why}: skipping the opencl sweep", file=sys.stderr)

@@ -65,9 +65,9 @@ def _unusable_opencl(slug: str, args=None) -> list[str]:
     opencl = {"opencl_launches", "opencl_models"}
     if args is not None and "opencl_launches" in (getattr(args, "skip", None) or []):
         return []  # left out already
-    from pipeline.opencl.sweep.execute import opencl_unusable
+    from pipeline.opencl.sweep.execute import opencl_device_type, opencl_unusable
 
-    why = opencl_unusable("gpu" if slug.startswith("cuda") else "cpu")
+    why = opencl_unusable(opencl_device_type(slug))
     if why is None:
         return []
     print(f"devchar: {why}; the OpenCL launch sweep cannot run on this machine", flush=True)

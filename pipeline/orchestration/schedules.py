@@ -33,11 +33,11 @@ def _without_opencl(context: dg.ScheduleEvaluationContext, keys: list[str]) -> d
     except dg.DagsterInvariantViolationError:  # built without definitions
         return {}
     from pipeline.device.discover import local_devices
-    from pipeline.opencl.sweep.execute import opencl_unusable
+    from pipeline.opencl.sweep.execute import opencl_device_type, opencl_unusable
 
     out = {}
     for slug in sorted(set(local_devices()) & set(keys)):
-        why = opencl_unusable("gpu" if slug.startswith("cuda") else "cpu")
+        why = opencl_unusable(opencl_device_type(slug))
         if why:
             context.log.info(f"{slug}: {why}; its re-calibration leaves out the OpenCL sweep")
             out[slug] = sorted((recalibrate.selection - OPENCL_ASSETS).resolve(graph), key=lambda k: k.path)

@@ -35,6 +35,11 @@ class OpenCLUnusableError(DevcharError, RuntimeError):
     """The OpenCL device is there but cannot build a one-line kernel (its compiler's error named)."""
 
 
+def opencl_device_type(device: str) -> str:
+    """The OpenCL device the sweep uses for a device slug or kind: a CUDA device's GPU, else the CPU."""
+    return "gpu" if device.startswith("cuda") else "cpu"
+
+
 def opencl_unusable(device_type: str = "cpu") -> str | None:
     """Why the OpenCL sweep cannot run on this machine's `device_type` ("cpu": PoCL, "gpu"): no
     pyopencl, no device, or a device whose compiler cannot build a one-line probe kernel; None

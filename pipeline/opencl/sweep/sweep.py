@@ -21,7 +21,7 @@ from pipeline.opencl.sweep import benchmarks, corpus
 from pipeline.opencl.sweep.arguments import memory_plans, simple_plan
 from pipeline.opencl.sweep.clang_ast import KernelParseError, kernel_params, parse_kernel
 from pipeline.opencl.sweep.errors import NoValidArgumentsError
-from pipeline.opencl.sweep.execute import NOT_RUN, KernelRunner, Launch, LaunchResult, Limits
+from pipeline.opencl.sweep.execute import NOT_RUN, KernelRunner, Launch, LaunchResult, Limits, opencl_device_type
 from pipeline.opencl.sweep.records import Checkpoint, args_json, buffer_bytes, launch_row
 from pipeline.opencl.sweep.settings import iqr_rebalance, lsize_choices, sample_work_groups
 from pipeline.opencl.sweep.worker import element_dtype
@@ -135,7 +135,7 @@ def sweep_opencl(dev, profile, log=None, out_dir: Path | None = None) -> list[di
     ck = Checkpoint(Path(out_dir) / CHECKPOINT if out_dir else None)
     kernels = corpus.generate(profile.opencl_kernels, seed=SEED)
     limits = Limits(launch_timeout_s=profile.opencl_launch_timeout_s)
-    with KernelRunner(limits, scaled(profile.opencl_timing), device_type="gpu" if dev.kind == "cuda" else "cpu") as runner:
+    with KernelRunner(limits, scaled(profile.opencl_timing), device_type=opencl_device_type(dev.kind)) as runner:
         sweep = _Sweep(runner, runner.device_info(), profile, ck)
         units = [(k, m) for k in kernels for m in ("simple", "memory")]
         progress = Progress("opencl", len(units) + len(benchmarks.BENCHMARKS), log)

@@ -107,14 +107,13 @@ def test_unaligned_twins_price_rows_that_end_mid_cache_line(synthetic_gemm_model
 
 
 def test_the_cpu_sweep_has_unaligned_twins_of_the_aspect_cells(cpu):
-    from pipeline.sweeps.gemm_points import TWO, mid_rows, sweep_points
+    from pipeline.sweeps.gemm_points import TWO, sweep_points
     from pipeline.sweeps.profiles import get_profile
 
     profile = get_profile("quick", "cpu")
     pts = sweep_points(cpu, profile, {})
-    off = {TWO, *mid_rows(profile.gemm_aspect_max)}  # rows and columns without twins
     cells = {(p.op, p.dtype, p.m, p.n, p.k) for p in pts
-             if p.grid == "aspect" and p.k == profile.gemm_twin_k and not off & {p.m, p.n}}
+             if p.grid == "aspect" and p.k == profile.gemm_twin_k and TWO not in (p.m, p.n)}
     twins_n = {(p.op, p.dtype, p.m, p.n - 1, p.k) for p in pts if p.grid == "unaligned_n"}
     twins_k = {(p.op, p.dtype, p.m, p.n, p.k - 1) for p in pts if p.grid == "unaligned_k"}
     assert cells and cells <= twins_n and cells <= twins_k
@@ -194,51 +193,6 @@ def test_the_aspect_grid_times_two_rows_and_two_columns_without_twins(cpu):
     bases = {(p.m, p.n - (p.grid == "unaligned_n")) for p in pts if p.grid != "aspect"}
     assert not [b for b in bases if TWO in b]  # twins of the powers of 4 only
     assert len({(p.op, p.dtype, p.m, p.n, p.k, p.grid) for p in pts}) == len(pts)  # each point once
-
-
-def test_mm_and_linear_have_rows_at_the_odd_powers_of_two_without_twins_or_cold_twins(cpu):
-    """M = 8, 32, 128, ... (batch x seq of an LM head) are rows of mm's and linear's lattice over
-    every column, not columns, not bmm's; the twins and the cold grid stay on the powers of 4."""
-    from pipeline.sweeps.gemm_points import TWO, aspect_points, cold_points, mid_rows
-    from pipeline.sweeps.profiles import get_profile
-
-    quick = get_profile("quick", "cpu")
-    assert mid_rows(quick.gemm_aspect_max) == [8, 32, 128, 512, 2048, 8192, 32768]
-    assert mid_rows(256) == [8, 32, 128] and mid_rows(4) == []
-    pts = aspect_points(cpu, quick)
-    cells = {(p.op, p.m, p.n) for p in pts if p.grid == "aspect"}
-    assert {("linear", 128, 65536), ("mm", 128, 4096), ("linear", 128, TWO), ("mm", 8, 1)} <= cells
-    assert not [c for c in cells if c[0] == "bmm" and c[1] in (8, 32, 128)]
-    assert not [c for c in cells if c[2] in (8, 32, 128)]  # rows only
-    mids = set(mid_rows(quick.gemm_aspect_max))
-    assert not [p for p in pts if p.grid != "aspect" and p.m in mids]
-    assert not [p for p in cold_points(cpu, quick, 1 << 20, []) if p.m in mids or TWO in (p.m, p.n)]
-    assert len({(p.op, p.dtype, p.m, p.n, p.k, p.grid) for p in pts}) == len(pts)
-
-
-def test_a_mid_row_prices_its_m_and_the_cold_grid_fills_it_between_its_neighbours(synthetic_gemm_model):
-    """A made-up CPU where 128 rows run 1.5x the table at N >= 1024 (an LM head's blocking of M)
-    and every other cell as the table: a lattice with the odd powers of 2 as rows prices
-    128 x 1024 at 1.5x, and 96 x 1024 between (in log2 M), where the powers of 4 alone price
-    both as the table. The cold correction, measured on the powers of 4 only, gives the row of
-    128 the mean of its neighbours' (log) values."""
-    table = synthetic_gemm_model.table("mm", "float32")
-    rows, cols = [2 ** i for i in range(11)], [4 ** i for i in range(7)]
-    shapes = pd.DataFrame([dict(m=m, n=n, k=64, batch=1) for m in rows for n in cols])
-    base = table.predict_us(shapes["m"], shapes["n"], shapes["k"], shapes["batch"])
-    slow = shapes.assign(median_us=base * np.where((shapes["m"] == 128) & (shapes["n"] >= 1024), 1.5, 1.0))
-    with_mid = table.with_aspect(slow)
-    without = table.with_aspect(slow[slow["m"].isin(cols)])
-    m = np.array([128, 96, 64, 128]); n = np.array([1024, 1024, 1024, 16]); k, b = np.full(4, 64), np.ones(4)
-    plain = table.predict_us(m, n, k, b)
-    assert with_mid.predict_us(m, n, k, b) == pytest.approx(plain * [1.5, 1.5 ** np.log2(96 / 64), 1.0, 1.0])
-    assert without.predict_us(m, n, k, b) == pytest.approx(plain)
-    pow4 = slow[slow["m"].isin(cols)]
-    cold = pow4.assign(median_us=pow4["median_us"] * np.where(pow4["m"] <= 64, 2.0, 4.0))
-    fitted = with_mid.with_cold(slow, cold)
-    row = {int(mm): fitted.cold_log[i] for i, mm in enumerate(fitted.aspect_m)}
-    assert row[128] == pytest.approx((row[64] + row[256]) / 2)
-    assert row[64] == pytest.approx(np.log(2.0)) and row[256] == pytest.approx(np.log(4.0))
 
 
 def test_a_size_with_only_skinny_cells_takes_its_reference_between_square_ones():

@@ -39,20 +39,6 @@ def median_on_measured(cells: np.ndarray, ms: np.ndarray, ns: np.ndarray) -> np.
     return np.stack([np.interp(ln, ln[cols], per_col[i]) for i in range(per_col.shape[0])], axis=0)
 
 
-def fill_rows_in_log2(cells: np.ndarray, ms) -> np.ndarray:
-    """`cells` (M x N) with each row that holds no value set column by column from the rows that
-    do, linearly in log2 M (`ms`, the rows' M), held beyond the first and last; unchanged
-    without any such row. Rows with some values keep them, and their NaNs."""
-    have = ~np.isnan(cells).all(axis=1)
-    if have.all() or not have.any():
-        return cells
-    lm = np.log2(np.asarray(ms, float))
-    out = cells.copy()
-    for j in range(cells.shape[1]):
-        out[~have, j] = np.interp(lm[~have], lm[have], cells[have, j])
-    return out
-
-
 # Rows that fill whole cache lines are what the grids measured; 64 bytes is the line of every
 # x86-64 and of most ARM server cores. What misalignment costs is measured (the twins), not assumed.
 LINE_BYTES = 64

@@ -12,7 +12,7 @@ from pipeline.core.dtypes import element_bytes
 from pipeline.predict.geometry import bilinear, grid_position
 from pipeline.predict.geometry import waves as count_waves
 from pipeline.predict.gemm_grids import (LINE_BYTES, UNALIGNED_GRIDS, ends_mid_line, extend_rows_linearly,
-                                         fill_rows_in_log2, is_aligned, median_on_measured, relative_to_square)
+                                         is_aligned, median_on_measured, relative_to_square)
 from pipeline.predict.serialize import DataclassJSON
 
 
@@ -205,9 +205,8 @@ class GemmTable(DataclassJSON):
             near = cells[:, max(j - 1, 0):j + 2]
             have = ~np.isnan(near).all(axis=1)
             smooth[have, j] = np.nanmedian(near[have], axis=1)
-        grid = pd.DataFrame(smooth).ffill(axis=1).bfill(axis=1).to_numpy(float)
-        grid = np.nan_to_num(fill_rows_in_log2(grid, self.aspect_m), nan=0.0)
-        return replace(self, cold_log=np.maximum(grid, 0.0))
+        grid = pd.DataFrame(smooth).ffill(axis=1).bfill(axis=1).ffill(axis=0).bfill(axis=0).fillna(0.0)
+        return replace(self, cold_log=np.maximum(grid.to_numpy(float), 0.0))
 
 
 _GRIDS = ("aspect_m", "aspect_n", "aspect_log", "aspect_k", *UNALIGNED_GRIDS, "cold_log")

@@ -106,21 +106,8 @@ def aspect_points(dev: DeviceIdentity, profile: Profile) -> list[GemmPoint]:
     over little work. These points measure that, per (op, dtype), instead of assuming it."""
     if dev.kind != "cpu" or not profile.gemm_aspect_k:
         return []
-    return (_lattice(dev, profile, ASPECT_OPS, 1, profile.gemm_aspect_max, mid_rows(profile.gemm_aspect_max))
+    return (_lattice(dev, profile, ASPECT_OPS, 1, profile.gemm_aspect_max)
             + _lattice(dev, profile, ("bmm",), BMM_ASPECT_BATCH, min(profile.gemm_aspect_max, max(BATCH_SIDES))))
-
-
-# mm's and linear's lattice has rows at the odd powers of 2 as well (8, 32, 128, 512, ...): an LM
-# head or an MLP layer runs at M = batch x seq, mostly a power of 2, and a BLAS re-blocks M
-# between two powers of 4, which a line between the rows of 64 and 256 cannot see. On the Zen 5
-# EPYC VM (2026-11-29, outputs kept), linear float32 M x 50257 x 256 ran 13.3 ms at M = 64,
-# 27.7 at 128 and 32.9 at 192; interpolated between 64 and 256, 128 rows were priced 23.6 ms
-# (0.85x), and that LM head is 90 % of GPT-2's batch-1 step. Rows only: N is swept in powers of 4
-# and the held-out shapes showed no such band in N. The twins and the cold grid stay on the
-# powers of 4 (the fit fills the mid rows' cells linearly in log2 M).
-def mid_rows(top: int) -> list[int]:
-    """The odd powers of 2 from 8 up to `top` (TWO is a row of the lattice already)."""
-    return [2 * 4 ** i for i in range(1, int(math.log(max(top, 1), 4)) + 1) if 2 * 4 ** i <= top]
 
 
 # bmm's own aspect grid is timed at one batch, the batch grid's middle one, up to the batch
@@ -135,11 +122,9 @@ def mid_rows(top: int) -> list[int]:
 BMM_ASPECT_BATCH = 16
 
 
-def _lattice(dev: DeviceIdentity, profile: Profile, ops: tuple[str, ...], batch: int, top: int,
-             mids: list[int] = ()) -> list[GemmPoint]:
-    """`ops` at `batch` over M, N in powers of 4 up to `top`, rows and columns of two, rows at
-    `mids` (mid_rows), at the aspect K values within the caps (counted over the batch), and the
-    unaligned twins of the powers of 4."""
+def _lattice(dev: DeviceIdentity, profile: Profile, ops: tuple[str, ...], batch: int, top: int) -> list[GemmPoint]:
+    """`ops` at `batch` over M, N in powers of 4 up to `top`, rows and columns of two, at the
+    aspect K values within the caps (counted over the batch), and the unaligned twins."""
     sides = [s for s in lattice_sides(top) if s != TWO]
     cap = profile.max_aspect_flops or profile.max_point_flops
 
@@ -153,7 +138,7 @@ def _lattice(dev: DeviceIdentity, profile: Profile, ops: tuple[str, ...], batch:
     # line through the two prices neither (Xeon VM, mm float32 166 x 2 x 452: 21 us, priced 8.4).
     # The twins stay on the powers of 4: a two-column row is shorter than a cache line.
     two = cells([TWO], [*sides, TWO]) + cells(sides, [TWO])
-    return grid + two + cells(mids, [*sides, TWO]) + unaligned_twins(grid, profile.gemm_twin_k or min(profile.gemm_aspect_k))
+    return grid + two + unaligned_twins(grid, profile.gemm_twin_k or min(profile.gemm_aspect_k))
 
 
 BATCH_SIZES = (1, 4, 16, 64, 256)  # the batch grid: powers of 4, up to attention's batch x heads
@@ -255,9 +240,8 @@ def cold_points(dev: DeviceIdentity, profile: Profile, cache_bytes: int | None,
 
     k = max(profile.gemm_aspect_k)
     # on the powers of 4, as the unaligned twins: the fit fills the rows of 2 from beside them
-    pow4 = set(lattice_sides(profile.gemm_aspect_max)) - {TWO}
     grid = [replace(p, grid=COLD_GRID) for p in aspect_points(dev, profile)
-            if p.grid == "aspect" and p.k == k and p.m in pow4 and p.n in pow4]
+            if p.grid == "aspect" and p.k == k and TWO not in (p.m, p.n)]
     return [p for p in grid if rotates(p)] + [replace(p, grid=COLD_HELDOUT) for p in heldout if rotates(p)]
 
 

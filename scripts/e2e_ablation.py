@@ -2,7 +2,7 @@
 with the GEMM and embedding models refitted under each variant (utility and memory models as
 saved). Nothing is measured and nothing is written.
 
-    .venv/bin/python scripts/e2e_ablation.py [--device SLUG]
+    .venv/bin/python scripts/e2e_ablation.py [--device SLUG] [--only VARIANT ...]
 
 Variants, each adding one fix of issue 14 to the one before:
   before           the whole-wave GEMM table with its aspect grid; embeddings as timed hot
@@ -110,6 +110,7 @@ STRIDED = ("+copy_layout", "+bmm_aspect", "+backward_call", "+narrow")  # the va
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--device", default=None)
+    ap.add_argument("--only", nargs="+", choices=list(VARIANTS), help="these variants alone (default: every one)")
     args = ap.parse_args()
     home = os.environ.get("DEVCHAR_HOME", ".devchar")
     con = duckdb.connect(os.path.join(home, "devchar.duckdb"), read_only=True)
@@ -122,6 +123,8 @@ def main() -> None:
     pd.set_option("display.width", 200)
     summary = []
     for name, (pick_gemm, pick_emb) in VARIANTS.items():
+        if args.only and name not in args.only:
+            continue
         gemm_model = GemmModel.fit(pick_gemm(gemm[~gemm["held_out"]]))
         emb_model = EmbeddingModel.fit(pick_emb(emb[~emb["held_out"]]))
         err = error_table(gemm_predictions(gemm_model, gemm[gemm["held_out"]]), ["op", "dtype"])

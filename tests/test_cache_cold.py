@@ -1,6 +1,6 @@
-"""An op after a large one finds L2 evicted (predict/cache_cold.py): the utility sweep's cold
-twins price the extra, and the graph pricer adds it only where the op before moved more than
-the twins' flush."""
+"""Inside a step that streams more than L2 an op finds what it touched evicted
+(predict/cache_cold.py): the utility sweep's cold twins price the extra, and the graph pricer
+adds it to every utility op of a step whose footprint passes the twins' flush."""
 from __future__ import annotations
 
 import numpy as np
@@ -66,7 +66,9 @@ class _Gemm:
         return 100.0
 
 
-def test_an_op_after_an_evicting_gemm_is_priced_cold_and_after_a_small_one_hot():
+def test_every_utility_op_of_a_step_past_the_flush_is_priced_cold_and_of_a_smaller_step_hot():
+    """The step's footprint decides, not the op before: an add after a small mm in a step that
+    also holds a large one pays the extra (it did not while only the predecessor counted)."""
     model = UtilityModel.fit(_rows())
     hot = float(model.predict("add", "float32", 16, 64))
     big = [[1024, 1024], [1024, 1024]]  # 8 MB of operands and 4 MB out: past the 4 MB flush
@@ -76,7 +78,12 @@ def test_an_op_after_an_evicting_gemm_is_priced_cold_and_after_a_small_one_hot()
         priced, cov = price_graph(graph, shp, _Gemm(), model, "float32", synchronous=True)
         add = next(r for r in cov["ops"] if r["id"] == 1)
         assert add["predicted_us"] == pytest.approx(want) and add["after_evict"] == (want != hot)
-    # a large utility op evicts too; a calibration without twins prices every op hot
+    ops = [Op(0, "aten::mm", kernels=(Kernel("k", 1.0),)), Op(1, "aten::mm", kernels=(Kernel("k", 1.0),)),
+           Op(2, "aten::add", kernels=(Kernel("k", 1.0),))]
+    shp = {0: big, 1: small, 2: [[16, 64], [16, 64]]}
+    add = price_graph(ExecutionGraph(ops), shp, _Gemm(), model, "float32", synchronous=True)[1]["ops"][2]
+    assert add["predicted_us"] == pytest.approx(hot + 10.0) and add["after_evict"]
+    # a large utility op makes the step pass it too; a calibration without twins prices every op hot
     graph, shp = _graph("aten::relu", [[2048, 1024]])
     assert next(r for r in price_graph(graph, shp, _Gemm(), model, "float32")[1]["ops"]
                 if r["id"] == 1)["predicted_us"] == pytest.approx(hot + 10.0)
@@ -105,9 +112,9 @@ def test_the_sweep_times_a_cold_twin_of_small_rows_on_the_cpu_only():
                                                                             flush_l2=True))) == {}
 
 
-def test_an_op_nested_in_a_gemm_follows_what_the_gemm_followed():
-    """addmm's bias copy (its child) runs before the GEMM's own work: it is priced after whatever
-    preceded the addmm, and the op after the addmm finds L2 as the GEMM left it."""
+def test_an_op_nested_in_a_gemm_is_priced_by_its_step_like_any_other():
+    """addmm's bias copy (its child) in a step past the flush pays the extra as the add after the
+    addmm does; the addmm's own bytes count once in the step's footprint."""
     model = UtilityModel.fit(_rows())
     hot = float(model.predict("add", "float32", 16, 64))
     big = [[1024], [1024, 1024], [1024, 1024]]  # bias, x, W: 12 MB with the output
@@ -118,8 +125,11 @@ def test_an_op_nested_in_a_gemm_follows_what_the_gemm_followed():
     shapes = {0: [[16, 64]], 1: big, 2: [[16, 64], [16, 64]], 3: [[16, 64], [16, 64]]}
     _, cov = price_graph(ExecutionGraph(ops), shapes, _Gemm(), model, "float32", synchronous=True)
     by_id = {r["id"]: r for r in cov["ops"]}
-    assert by_id[2]["predicted_us"] == pytest.approx(hot) and not by_id[2]["after_evict"]
+    assert by_id[2]["predicted_us"] == pytest.approx(hot + 10.0) and by_id[2]["after_evict"]
     assert by_id[3]["predicted_us"] == pytest.approx(hot + 10.0) and by_id[3]["after_evict"]
+    shapes[1] = [[16], [16, 64], [16, 64]]  # a small addmm: the step stays under the flush
+    _, cov = price_graph(ExecutionGraph(ops), shapes, _Gemm(), model, "float32", synchronous=True)
+    assert [r["after_evict"] for r in cov["ops"] if r["id"] in (2, 3)] == [False, False]
 
 
 def test_disturbed_twins_are_left_out_and_nothing_is_charged_past_the_largest_twin():

@@ -9,10 +9,13 @@ or an 8 MB fill, and 39 us after a 64 MB fill; a silu 14 us hot, 19-22 us after 
 The sweep times a twin of each row whose footprint is within a few flushes after evicting L2
 (`cold_us`: the harness's flush, twice the L2 size, written between calls). ColdPenalty keeps
 the median extra per (op, dtype) and size class of the op's footprint; the graph pricer adds
-it to an op whose predecessor's footprint passes the flush (price.py). One level only: an
-op after a GEMM streaming hundreds of MB finds its data further still (the 64 MB case), which
-this does not price. `PrecedingWork` and `op_bytes` tell the pricer what each op of a captured
-graph follows.
+it to every utility op of a step whose footprint (`graph_footprint` of each op's `op_bytes`)
+passes the flush (price.py). Until 2026-11-30 it charged only an op whose predecessor passed
+the flush; on the eight CPU calibrations at hand the step's footprint priced DLRM better on
+six and GPT-2 as well or better on seven (docs/methods.md): inside a step an op's pages, code
+and data, were last touched a step of traffic ago, whatever ran just before it. One level
+only: an op after a GEMM streaming hundreds of MB finds its data further still (the 64 MB
+case), which this does not price.
 """
 from __future__ import annotations
 
@@ -95,7 +98,7 @@ def utility_bytes(model_op: str, dims, dtype: str) -> float:
 
 
 def op_bytes(kind: str, model_op: str, dims, shapes, dtype: str) -> float:
-    """Bytes a priced op touches, which decides whether the op after it finds L2 evicted: a
+    """Bytes a priced op touches, summed over a step by graph_footprint: a
     GEMM's operands and output (kind "gemm", dims (m, n, k, batch)), a utility op's traffic
     ("utility"), any other op's inputs (`shapes`)."""
     eb = element_bytes(dtype)
@@ -122,35 +125,3 @@ def _elements(shapes) -> int:
     if all(isinstance(d, int) for d in shapes):
         return math.prod(shapes)
     return sum(_elements(s) for s in shapes)
-
-
-class PrecedingWork:
-    """The footprint of the work each op of a graph follows, for the L2 state it finds: a
-    synchronous CPU runs ops in program order. An op nested in a priced one runs inside it,
-    before the parent's own work (addmm's bias copy, then its GEMM): it follows what the parent
-    followed, and the op after the nest finds the largest footprint in it. Only priced ops
-    count (`priced`): an unmapped one has no footprint the pricer can trust."""
-
-    def __init__(self, graph, priced: set[int]):
-        self.graph, self.priced = graph, priced
-        self.last, self.before, self.foot, self.hosts = 0.0, {}, {}, {}
-
-    def _hosts(self, op) -> list[int]:
-        """The enclosing priced ops, nearest first."""
-        if op.id not in self.hosts:
-            out, parent = [], op.parent
-            while parent is not None:
-                if parent in self.priced:
-                    out.append(parent)
-                parent = self.graph.op(parent).parent
-            self.hosts[op.id] = out
-        return self.hosts[op.id]
-
-    def bytes_before(self, op) -> float:
-        hosts = self._hosts(op)
-        return self.before[hosts[0]] if hosts and hosts[0] in self.before else self.last
-
-    def ran(self, op, bytes_before: float, nbytes: float) -> None:
-        """Record a priced op: what it followed and what it touched."""
-        self.before[op.id], self.foot[op.id] = bytes_before, nbytes
-        self.last = max([nbytes, *(self.foot.get(h, 0.0) for h in self._hosts(op))])

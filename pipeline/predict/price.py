@@ -23,7 +23,7 @@ from typing import Protocol
 from pipeline.core.dtypes import element_bytes
 from pipeline.core.errors import MissingModelError
 from pipeline.core.graph import ExecutionGraph
-from pipeline.predict.cache_cold import PrecedingWork, graph_footprint, op_bytes, utility_bytes
+from pipeline.predict.cache_cold import graph_footprint, op_bytes, utility_bytes
 
 # aten GEMMs -> devchar GEMM op. addmm is mm plus a bias the CPU copies into the output
 # first (its aten::copy_ child, priced as copy). matmul/linear nest the real GEMM; they
@@ -240,16 +240,18 @@ def price_graph(graph: ExecutionGraph, shapes: dict, gemm_model, utility_model, 
     kernel; its time is host time, which the overhead model's T2/T5 carry (host_time.py)."""
     classes = classify_graph(graph, shapes, scalars, extra, strides)
     cold = uncached_weights(classes, gemm_model, dtype)
-    evicted = getattr(utility_model, "cold", None)  # CPU: what an op pays after L2 was evicted
-    # bytes each priced op touches: what the op after it finds of L2, and the step's footprint
+    # bytes each priced op touches, summed over the step: what passes through the cache between
+    # one op and its own next run. An op mapped "covered" (a table's sparse update, timed inside
+    # EL-B) is left out: its inputs' shapes span the whole table and a dense-shaped sparse grad
     foot = {op.id: _op_bytes(op, classes[op.id], shapes, dtype) for op in graph.ops if classes[op.id][0] == "priced"}
-    preceding = PrecedingWork(graph, set(foot))
+    step_bytes = graph_footprint(b for i, b in foot.items() if classes[i][1] != "covered")
     observe = getattr(extra, "observe", None)  # an ExtraOps written before it may lack it
     if observe is not None:
-        # an op mapped "covered" (a table's sparse update, timed inside EL-B) is left out: its
-        # inputs' shapes span the whole table and a dense-shaped sparse grad, not what it touches
-        observe(graph_footprint(b for i, b in foot.items() if classes[i][1] != "covered"),
-                getattr(gemm_model, "weight_cache_bytes", None))
+        observe(step_bytes, getattr(gemm_model, "weight_cache_bytes", None))
+    # CPU: a step that streams more than the cold twins' flush prices every utility op as its twin
+    # timed after that flush (cache_cold.py): by its next run the step has evicted what it touched
+    evicted = getattr(utility_model, "cold", None)
+    evicted = evicted if evicted is not None and evicted.evicts(step_bytes) else None
     new: dict[int, float] = {}
     records = []
     for op in graph.ops:
@@ -257,7 +259,6 @@ def price_graph(graph: ExecutionGraph, shapes: dict, gemm_model, utility_model, 
         new[op.id] = 0.0
         after_evict = False
         if status == "priced":
-            prev_bytes = preceding.bytes_before(op)
             try:
                 if why == "extra":
                     new[op.id] = float(extra.predict(model_op, dims, dtype))
@@ -265,13 +266,11 @@ def price_graph(graph: ExecutionGraph, shapes: dict, gemm_model, utility_model, 
                     new[op.id] = _price_gemm(gemm_model, model_op, dtype, dims, cold, why)
                 else:
                     new[op.id] = float(utility_model.predict(model_op, dtype, *dims))
-                    if evicted is not None and evicted.evicts(prev_bytes):
+                    if evicted is not None:
                         new[op.id] += float(evicted.extra_us(model_op, dtype, utility_bytes(model_op, dims, dtype)))
                         after_evict = True
             except MissingModelError:
                 status, why = "unmapped", f"no calibration for {model_op}/{dtype}"
-            else:
-                preceding.ran(op, prev_bytes, foot[op.id])
         if status == "unmapped":
             status = "kept" if keep_unmapped else "dropped"
             new[op.id] = sum(k.time_us for k in op.kernels) if keep_unmapped else 0.0

@@ -1,9 +1,9 @@
-"""What a memory-bound op costs on a CPU right after a large op has evicted L2 (no torch).
+"""What a memory-bound op costs on a CPU with L2 evicted, as inside a step that streams more
+than L2 (no torch).
 
 The CPU utility sweep times each op hot: back to back, its inputs left in L1/L2 by the call
-before. Inside a model an op mostly follows one that moved megabytes (a GEMM's weights, a
-wide activation) and finds its inputs, and the dispatcher's own data, gone from L2. On the
-Xeon VM a 128 x 576 float32 add ran 5 us hot, 18-20 us right after a 128 x 576 x 1536 linear
+before. Inside a model an op runs once a step, and what it touched, the dispatcher's own data
+and, a microbenchmark says, its code, is gone from L2 by then. On the Xeon VM a 128 x 576 float32 add ran 5 us hot, 18-20 us right after a 128 x 576 x 1536 linear
 or an 8 MB fill, and 39 us after a 64 MB fill; a silu 14 us hot, 19-22 us after either.
 
 The sweep times a twin of each row whose footprint is within a few flushes after evicting L2
@@ -11,9 +11,11 @@ The sweep times a twin of each row whose footprint is within a few flushes after
 the median extra per (op, dtype) and size class of the op's footprint; the graph pricer adds
 it to every utility op of a step whose footprint (`graph_footprint` of each op's `op_bytes`)
 passes the flush (price.py). Until 2026-11-30 it charged only an op whose predecessor passed
-the flush; on the eight CPU calibrations at hand the step's footprint priced DLRM better on
-six and GPT-2 as well or better on seven (docs/methods.md): inside a step an op's pages, code
-and data, were last touched a step of traffic ago, whatever ran just before it. One level
+the flush; on the seven committed CPU references replayed and one more take, the step's
+footprint priced DLRM better on six of the eight and GPT-2 as well or better on seven
+(docs/methods.md; in-sample, on the captures that prompted it). Why, as far as measured:
+inside a step an op's pages were last touched a step of traffic ago, whatever ran just before
+it; the twins flush data only, so they are a floor for that. One level
 only: an op after a GEMM streaming hundreds of MB finds its data further still (the 64 MB
 case), which this does not price.
 """
@@ -48,7 +50,7 @@ def _classes(nbytes: np.ndarray, extra: np.ndarray) -> tuple[list, list]:
 
 @dataclass
 class ColdPenalty(DataclassJSON):
-    evict_bytes: float  # the flush the twins ran after: a predecessor touching this much evicts L2
+    evict_bytes: float  # the flush the twins ran after: a step touching this much evicts L2 between two runs of an op
     # "op/dtype" (and "*" for all pooled) -> [log2 footprint classes ascending, median extra us]
     classes: dict = field(default_factory=dict)
     max_bytes: float = float("inf")  # the largest twin's footprint: a larger op streams past L2 either way
@@ -87,7 +89,7 @@ class ColdPenalty(DataclassJSON):
                                                                np.asarray(extra, float)))
 
     def evicts(self, nbytes: float) -> bool:
-        """Whether an op touching `nbytes` leaves the next op's data out of L2."""
+        """Whether `nbytes` of traffic (a step's footprint) leaves an op's data out of L2 by its next run."""
         return nbytes >= self.evict_bytes
 
 

@@ -241,8 +241,10 @@ def price_graph(graph: ExecutionGraph, shapes: dict, gemm_model, utility_model, 
     classes = classify_graph(graph, shapes, scalars, extra, strides)
     cold = uncached_weights(classes, gemm_model, dtype)
     # bytes each priced op touches, summed over the step: what passes through the cache between
-    # one op and its own next run. An op mapped "covered" (a table's sparse update, timed inside
-    # EL-B) is left out: its inputs' shapes span the whole table and a dense-shaped sparse grad
+    # one op and its own next run (an op whose model turns out missing still runs, and counts;
+    # a nested op counts beside its parent: both are bounds, and real steps pass the flush many
+    # times over). An op mapped "covered" (a table's sparse update, timed inside EL-B) is left
+    # out: its inputs' shapes span the whole table and a dense-shaped sparse grad, not what it touches
     foot = {op.id: _op_bytes(op, classes[op.id], shapes, dtype) for op in graph.ops if classes[op.id][0] == "priced"}
     step_bytes = graph_footprint(b for i, b in foot.items() if classes[i][1] != "covered")
     observe = getattr(extra, "observe", None)  # an ExtraOps written before it may lack it
@@ -266,9 +268,10 @@ def price_graph(graph: ExecutionGraph, shapes: dict, gemm_model, utility_model, 
                     new[op.id] = _price_gemm(gemm_model, model_op, dtype, dims, cold, why)
                 else:
                     new[op.id] = float(utility_model.predict(model_op, dtype, *dims))
-                    if evicted is not None:
-                        new[op.id] += float(evicted.extra_us(model_op, dtype, utility_bytes(model_op, dims, dtype)))
-                        after_evict = True
+                    extra_us = 0.0 if evicted is None else float(
+                        evicted.extra_us(model_op, dtype, utility_bytes(model_op, dims, dtype)))
+                    new[op.id] += extra_us
+                    after_evict = extra_us > 0.0  # an op past the largest twin is charged nothing
             except MissingModelError:
                 status, why = "unmapped", f"no calibration for {model_op}/{dtype}"
         if status == "unmapped":

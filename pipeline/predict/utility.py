@@ -42,7 +42,7 @@ class UtilityModel:
 
     def __init__(self, regimes: dict[tuple[str, str], dict], cold: ColdPenalty | None = None):
         self.regimes = regimes
-        self.cold = cold  # CPU: the extra an op pays after a large one evicted L2 (cache_cold.py)
+        self.cold = cold  # CPU: the extra an op pays with L2 evicted, as in a step past the flush (cache_cold.py)
 
     @staticmethod
     def fit(samples) -> "UtilityModel":

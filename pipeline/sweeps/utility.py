@@ -85,7 +85,7 @@ COLD_TWIN_REPS = 25
 
 def cold_twin(fn, nbytes: float, dev: DeviceIdentity, profile: Profile) -> dict:
     """CPU: the row's op timed again with L2 evicted before each call (`cold_us`), as it runs
-    right after a large op inside a model (predict/cache_cold.py), and the flush's size
+    inside a step that streams more than L2 (predict/cache_cold.py), and the flush's size
     (`evict_bytes`); {} on a GPU, without an L2 size, where the sweep already times cold, or
     for an op too large for eviction to matter."""
     spec = profile.utility_timing

@@ -11,7 +11,7 @@ right after writing one element per 64-byte line over --flush-mb MB (the write's
 outside the timed call). It prints, per capture, the traced GEMM time beside the model's price,
 the hot sum and the flushed sum (and with --ops every op). On the Zen 5 EPYC VM (2026-11-30)
 the flushed sums came to 0.80-1.09 of DLRM's traced GEMM time, the hot ones 0.52-0.93; for
-GPT-2's forward hot and flushed both read 0.84-1.05 where the model priced 0.73-0.94 (one
+GPT-2's forward hot and flushed both read 0.84-1.10 where the model priced 0.73-0.99 (one
 capture read 1.5 all three ways; docs/methods.md). Run it on the machine the warehouse calibrated, idle: it is a timing.
 """
 from __future__ import annotations

@@ -53,3 +53,13 @@ def test_the_probe_scaling_ablation_refuses_a_path_that_holds_no_sample_rows(tmp
         ablation.main([str(tmp_path)])
     with pytest.raises(SystemExit, match="neither a warehouse file"):
         ablation.main([str(tmp_path / "missing.duckdb")])
+
+
+def test_the_gemm_flush_probe_refuses_a_flush_of_nothing_and_a_home_without_a_warehouse(tmp_path, monkeypatch, capsys):
+    probe = _load("probe_gemm_after_flush")
+    with pytest.raises(SystemExit) as exc:
+        probe.main(["--flush-mb", "0"])
+    assert exc.value.code == 2 and "--flush-mb must be positive, got 0" in capsys.readouterr().err
+    monkeypatch.setenv("DEVCHAR_HOME", str(tmp_path))
+    with pytest.raises(SystemExit, match="no warehouse at .*devchar.duckdb; set DEVCHAR_HOME"):
+        probe.main([])

@@ -6,13 +6,14 @@ run, not a model.
         [--device SLUG] [--flush-mb 64] [--ops]
 
 For every priced mm / linear / bmm op of the warehouse's captures of the workload it times the
-op's shape alone on this machine (float32 or the capture's dtype): hot, back to back, and
-right after writing one element per 64-byte line over --flush-mb MB (the write's own time is
-outside the timed call). It prints, per capture, the traced GEMM time beside the model's price,
-the hot sum and the flushed sum (and with --ops every op). On the Zen 5 EPYC VM (2026-11-30)
-the flushed sums came to 0.80-1.09 of DLRM's traced GEMM time, the hot ones 0.52-0.93; for
-GPT-2's forward hot and flushed both read 0.84-1.10 where the model priced 0.73-0.99 (one
-capture read 1.5 all three ways; docs/methods.md). Run it on the machine the warehouse calibrated, idle: it is a timing.
+op's shape alone on this machine, as the GEMM sweep calls it (sweeps/gemm.py gemm_callable, in
+the capture's dtype): hot, back to back, and right after writing one element per 64-byte line
+over --flush-mb MB (the write's own time is outside the timed call). It prints, per capture,
+the traced GEMM time beside the model's price, the hot sum and the flushed sum (and with --ops
+every op). On the Zen 5 EPYC VM (2026-11-30) the flushed sums came to 0.80-1.09 of DLRM's
+traced GEMM time, the hot ones 0.52-0.93; for GPT-2's forward hot and flushed both read
+0.84-1.10 where the model priced 0.73-0.99 (one capture read 1.5 all three ways;
+docs/methods.md). Run it on the machine the warehouse calibrated, idle: it is a timing.
 """
 from __future__ import annotations
 
@@ -39,18 +40,6 @@ def _timed(fn, reps: int, before=None) -> float:
     return times[len(times) // 2] * 1e6
 
 
-def _call(torch, op: str, dims, dtype):
-    m, n, k, batch = (list(dims) + [1])[:4]
-    if op == "linear":
-        x, w = torch.randn(m, k, dtype=dtype), torch.randn(n, k, dtype=dtype)
-        return lambda: torch.nn.functional.linear(x, w)
-    if op == "mm":
-        a, b = torch.randn(m, k, dtype=dtype), torch.randn(k, n, dtype=dtype)
-        return lambda: torch.mm(a, b)
-    a, b = torch.randn(batch, m, k, dtype=dtype), torch.randn(batch, k, n, dtype=dtype)
-    return lambda: torch.bmm(a, b)
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workload", default="dlrm")
@@ -68,6 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     from pipeline.core.config import devchar_home, model_store_root
     from pipeline.predict import store
     from pipeline.predict.graph_predict import load_graph, predict_graph
+    from pipeline.sweeps.gemm import gemm_callable
 
     db = os.path.join(devchar_home(), "devchar.duckdb")
     if not os.path.isfile(db):
@@ -92,11 +82,11 @@ def main(argv: list[str] | None = None) -> int:
         got = predict_graph(graph, shapes, scalars, models, g["dtype"], {}, True, strides)
         ops = pd.DataFrame(got["coverage"]["ops"])
         gemms = ops[ops["model_op"].isin(["mm", "linear", "bmm"]) & (ops["status"] == "priced")]
-        dtype = getattr(torch, g["dtype"])
         for r in gemms.itertuples():
             key = (r.model_op, tuple(r.dims), g["dtype"])
             if key not in cache:
-                fn = _call(torch, r.model_op, r.dims, dtype)
+                m, n, k, batch = (list(r.dims) + [1])[:4]
+                fn = gemm_callable(r.model_op, g["dtype"], batch, m, n, k, "cpu")  # as the sweep times it
                 cache[key] = (_timed(fn, 30), _timed(fn, 15, evict))
             hot, flushed = cache[key]
             rows.append(dict(config=g["config"], batch=g["batch"], op=r.name, model_op=r.model_op,

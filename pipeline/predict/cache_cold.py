@@ -3,8 +3,9 @@ than L2 (no torch).
 
 The CPU utility sweep times each op hot: back to back, its inputs left in L1/L2 by the call
 before. Inside a model an op runs once a step, and what it touched, the dispatcher's own data
-and, a microbenchmark says, its code, is gone from L2 by then. On the Xeon VM a 128 x 576 float32 add ran 5 us hot, 18-20 us right after a 128 x 576 x 1536 linear
-or an 8 MB fill, and 39 us after a 64 MB fill; a silu 14 us hot, 19-22 us after either.
+and, a microbenchmark says, its code, is gone from L2 by then. On the Xeon VM a 128 x 576
+float32 add ran 5 us hot, 18-20 us right after a 128 x 576 x 1536 linear or an 8 MB fill, and
+39 us after a 64 MB fill; a silu 14 us hot, 19-22 us after either.
 
 The sweep times a twin of each row whose footprint is within a few flushes after evicting L2
 (`cold_us`: the harness's flush, twice the L2 size, written between calls). ColdPenalty keeps
@@ -50,7 +51,8 @@ def _classes(nbytes: np.ndarray, extra: np.ndarray) -> tuple[list, list]:
 
 @dataclass
 class ColdPenalty(DataclassJSON):
-    evict_bytes: float  # the flush the twins ran after: a step touching this much evicts L2 between two runs of an op
+    # the flush the twins ran after: a step touching this much evicts L2 between two runs of an op
+    evict_bytes: float
     # "op/dtype" (and "*" for all pooled) -> [log2 footprint classes ascending, median extra us]
     classes: dict = field(default_factory=dict)
     max_bytes: float = float("inf")  # the largest twin's footprint: a larger op streams past L2 either way

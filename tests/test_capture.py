@@ -72,6 +72,42 @@ def test_separate_timing_run_keeps_the_graph(mlp_capture):
     assert info2["shapes"] == info["shapes"]
 
 
+def test_the_timing_run_keeps_only_its_last_call(monkeypatch):
+    """The CPU timing run calls the step TIMING_WARM_CALLS more times under the profiler and
+    keeps the events of the last call alone: the graph is one call's, timed warm."""
+    import pipeline.workloads.capture as cap
+
+    model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10)).eval()
+    x = torch.randn(8, 64)
+    calls = []
+
+    def step():
+        calls.append(1)
+        return model(x)
+
+    with torch.inference_mode():
+        monkeypatch.setattr(cap, "TIMING_WARM_CALLS", 0)
+        one, _ = capture(step, warmup=1, separate_timing=True)
+        calls.clear()
+        monkeypatch.setattr(cap, "TIMING_WARM_CALLS", 3)
+        graph, info = capture(step, warmup=1, separate_timing=True)
+    # warm-up, the observer's call, three warm calls, the kept one
+    assert len(calls) == 1 + 1 + 3 + 1
+    assert info["times_source"] == "timing run", info["notes"]
+    assert [(o.name, o.parent) for o in graph] == [(o.name, o.parent) for o in one]
+    names = {e.get("name") for e in info["trace"]["traceEvents"]}
+    assert cap._TIMED_MARK not in names  # the mark is not an op
+    first = min(t["ts"] for t in info["times"].values())
+    assert all(e["ts"] >= first for e in info["trace"]["traceEvents"] if e.get("ph") == "X")
+
+
+def test_a_timing_trace_without_its_mark_is_an_error():
+    from pipeline.workloads.capture import _only_marked_call
+
+    with pytest.raises(RuntimeError, match="0 marks"):
+        _only_marked_call({"traceEvents": [{"ph": "X", "name": "aten::mm", "ts": 1.0, "dur": 2.0}]})
+
+
 def test_capture_without_observer(monkeypatch):
     import torch.profiler as tp
 

@@ -5,7 +5,8 @@
   without running it again.
 - `overhead_samples`: the host overheads T1–T5 of that trace (host_time.py), profiler cost
   per event measured here and subtracted.
-Each capture's times come from an observer-free profiled call (capture's separate_timing).
+Each capture's times come from an observer-free profiled call (capture's separate_timing), on
+the CPU the last of three under one profiler: the first runs cold (capture.TIMING_WARM_CALLS).
 
 On a CPU the list is captured `profile.workload_passes` times, a whole pass apart, and each
 workload keeps the capture whose step spanned the least time (`span_ms`, first op's start to

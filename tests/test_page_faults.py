@@ -46,6 +46,32 @@ def test_faults_are_taken_off_the_tables_and_charged_by_output_size():
     assert again.predict("mm", "float32", 4096, 4096, 64) == pytest.approx(model.predict("mm", "float32", 4096, 4096, 64))
 
 
+def test_the_ladder_probe_charges_large_outputs_the_sweep_heap_served_without_faults():
+    """Rows whose large outputs the sweep's heap served fault-free (none counted) still price an
+    output past the ladder's `fault_from_bytes` with every page, as a step's process faults it;
+    the classes below it keep the rows' own counts."""
+    rows = _rows(faulting_from_bytes=np.inf).assign(fault_from_bytes=float(32 << 20))
+    model = GemmModel.fit(rows)
+    compute = lambda m, n, k: 2.0 * m * n * k / 1e6  # noqa: E731
+    assert model.predict("mm", "float32", 4096, 4096, 64) == pytest.approx(compute(4096, 4096, 64) + 16384, rel=1e-6)
+    # 100 MB (5120^2 floats), past every class measured: every page too
+    assert model.faults.fault_us([100e6])[0] == pytest.approx(np.ceil(100e6 / PAGE_BYTES) * US_PER_PAGE)
+    # under it (a 16 MB output) the rows' own count: none
+    assert model.predict("mm", "float32", 2048, 2048, 64) == pytest.approx(compute(2048, 2048, 64), rel=0.05)
+    without = GemmModel.fit(rows.drop(columns=["fault_from_bytes"]))
+    assert without.predict("mm", "float32", 4096, 4096, 64) == pytest.approx(compute(4096, 4096, 64), rel=1e-6)
+
+
+def test_the_ladder_starts_where_every_larger_size_faults():
+    from pipeline.harness.page_faults import fault_from_bytes, faulting_tail
+
+    assert faulting_tail([8, 16, 32, 64], [True, False, True, True]) == 32
+    assert faulting_tail([8, 16, 32, 64], [True, True, True, True]) == 8
+    assert faulting_tail([8, 16, 32, 64], [True, True, True, False]) is None
+    # the probe itself, in a child process: a ladder size or nothing
+    assert fault_from_bytes(0, sizes_mb=(8, 64)) in (None, float(8 << 20), float(64 << 20))
+
+
 def test_rows_without_counts_fit_as_before():
     rows = _rows(faulting_from_bytes=np.inf).drop(columns=["faults_per_call", "fault_us_per_page"])
     model = GemmModel.fit(rows)

@@ -49,3 +49,77 @@ def fault_us_per_page(nbytes: int = PROBE_BYTES, k: int = PROBE_K, reps: int = 7
     if per_call < 1:
         return 0.0
     return max(float(np.median(fresh) - np.median(warm)) * 1e6 / per_call, 0.0)
+
+
+
+LADDER_MB = (8, 16, 32, 64, 128)  # around glibc's 32 MiB cap on its dynamic mmap threshold
+# allocations per size; each of the last KEPT must fault (the first ones move the threshold, and
+# under it glibc faults some allocations and not others: 16 MB read 4096, 4096, 4096, 0, 0, 0)
+LADDER_REPS, LADDER_KEPT = 10, 5
+
+
+def fault_from_bytes(adapt_bytes: int = 0, sizes_mb=LADDER_MB, timeout_s: float = 120.0) -> float | None:
+    """The smallest block size from which a fresh allocation, written, faults in at least half
+    its pages every time in a loop of them (the last LADDER_KEPT of LADDER_REPS), every larger
+    size doing the same; None where none
+    does (an allocator that keeps its memory). Measured in a fresh interpreter that first
+    allocates and frees `adapt_bytes`, as the process each workload step is timed in
+    (workloads/isolated.py), since that is whose faults the predictions are scored against.
+
+    What the GEMM model charges a large output by (OutputFaults): the sweep's own rows say only
+    what the sweep process's heap did. Once a process has freed many large blocks, its heap
+    holds free chunks large enough to serve any output, and a 128 MB output faults no page. On
+    the Zen 5 EPYC VM (2026-11-30) one take's rows at 32-256 MB faulted every page and the next
+    take's none, while the steps scored against them faulted their 103-206 MB logits every call
+    on both, and the model priced GPT-2's LM head at 62.8 ms on one take and 38.6 on the other.
+    A probe in this process reads 8 MB as faulting fresh and 64 MB after ten 31 MB blocks came
+    and went."""
+    import json
+    import subprocess
+    import sys
+
+    args = [sys.executable, "-m", "pipeline.harness.page_faults", str(int(adapt_bytes)), *map(str, sizes_mb)]
+    try:
+        done = subprocess.run(args, capture_output=True, text=True, timeout=timeout_s, check=True)
+        return json.loads(done.stdout.strip().splitlines()[-1])["fault_from_bytes"]
+    except (subprocess.SubprocessError, OSError, ValueError, IndexError, KeyError) as exc:
+        raise RuntimeError(f"the page-fault ladder probe failed: {exc!r}") from exc
+
+
+def _ladder(adapt_bytes: int, sizes_mb) -> float | None:
+    import torch
+
+    if adapt_bytes:
+        block = torch.empty(adapt_bytes, dtype=torch.uint8)
+        block.fill_(1)
+        del block
+    faulting = []
+    for mb in sizes_mb:
+        n = mb << 20
+        counts = []
+        for _ in range(LADDER_REPS):
+            f0 = minor_faults()
+            t = torch.empty(n // 4, dtype=torch.float32)
+            t.fill_(1.0)  # written, by the op's threads, as an output is
+            counts.append(minor_faults() - f0)
+            del t
+        faulting.append(min(counts[-LADDER_KEPT:]) >= 0.5 * n / 4096)
+    from_mb = faulting_tail(list(sizes_mb), faulting)
+    return float(from_mb << 20) if from_mb is not None else None
+
+
+def faulting_tail(sizes: list, faulting: list[bool]):
+    """The smallest of `sizes` (ascending) from which every size faulted; None if the largest did not."""
+    start = None
+    for size, faults in zip(reversed(sizes), reversed(faulting)):
+        if not faults:
+            break
+        start = size
+    return start
+
+
+if __name__ == "__main__":  # python -m pipeline.harness.page_faults ADAPT_BYTES MB...: one JSON line
+    import json
+    import sys
+
+    print(json.dumps({"fault_from_bytes": _ladder(int(sys.argv[1]), [int(a) for a in sys.argv[2:]] or LADDER_MB)}))

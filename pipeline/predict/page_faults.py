@@ -77,7 +77,9 @@ class OutputFaults(DataclassJSON):
     def fit(rows: pd.DataFrame) -> "OutputFaults | None":
         """From gemm_samples rows with fault counts; None without counts or when a fault costs nothing.
         A fault's cost is the sweep's own (kept_us_per_page) where rows were timed both ways,
-        else the probe's."""
+        else the probe's. With the rows' `fault_from_bytes` (the ladder probe, a step's process),
+        every size class from it up faults its every page; the rows' own counts say only what
+        the sweep's heap did, and decide the classes below it."""
         if not has_counts(rows):
             return None
         rows = rows.dropna(subset=list(COLUMNS))
@@ -88,6 +90,11 @@ class OutputFaults(DataclassJSON):
         nbytes = output_bytes(rows)
         share = np.clip(rows["faults_per_call"].to_numpy(float) / np.ceil(nbytes / PAGE_BYTES), 0.0, 1.0)
         per_bin = pd.Series(share).groupby(np.floor(np.log2(nbytes))).median().sort_index()
+        from_bytes = rows["fault_from_bytes"].dropna() if "fault_from_bytes" in rows else pd.Series(dtype=float)
+        if len(from_bytes):  # a step's process faults these in whatever the sweep's heap did
+            first = np.floor(np.log2(float(from_bytes.median())))
+            classes = np.arange(first, max(first, float(per_bin.index.max())) + 1)
+            per_bin = per_bin.combine(pd.Series(1.0, index=classes), max, fill_value=0.0).sort_index()
         return OutputFaults(us, per_bin.index.to_numpy(float), per_bin.to_numpy(float))
 
     def fault_us(self, nbytes) -> np.ndarray:

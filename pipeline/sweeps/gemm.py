@@ -13,7 +13,7 @@ from pipeline.device.discover import DeviceIdentity
 from pipeline.device.peaks import peak_matmul_flops
 from pipeline.harness.dtypes import torch_dtype
 from pipeline.harness.order import interleaved
-from pipeline.harness.page_faults import fault_us_per_page
+from pipeline.harness.page_faults import fault_from_bytes, fault_us_per_page
 from pipeline.harness.progress import Progress
 from pipeline.harness.repeat import repeat_sample, retime
 from pipeline.harness.revisit import revisit
@@ -128,6 +128,23 @@ def cold_weight_setup(dev: DeviceIdentity, profile: Profile, log=None):
     return (cache, pool) if cache else (None, None)
 
 
+def _fault_from(log=None) -> dict:
+    """{"fault_from_bytes": ...}: from which output size a step's process faults every page of a
+    fresh one (harness/page_faults.fault_from_bytes, in a process set up as a step's is); {}
+    where the probe failed or nothing faulted, and the GEMM model keeps the rows' own counts."""
+    from pipeline.workloads.isolated import ADAPT_BYTES
+
+    try:
+        found = fault_from_bytes(ADAPT_BYTES)
+    except RuntimeError as exc:
+        (log or print)(f"page faults: {exc}; output faults are charged as the rows counted them")
+        return {}
+    if found is None:
+        return {}
+    (log or print)(f"page faults: a step's process faults in every page of a fresh output from {found / 2**20:.0f} MiB")
+    return {"fault_from_bytes": found}
+
+
 def set_tf32(dtype: str) -> None:
     import torch
 
@@ -139,7 +156,7 @@ def sweep_gemm(dev: DeviceIdentity, profile: Profile, log=None) -> list[dict]:
     tiles = cpu_tiles(dev, profile, log) if dev.kind == "cpu" else {}
     faults = {}
     if dev.kind == "cpu":  # each row's faults are counted; what one costs is measured once
-        faults = {"fault_us_per_page": fault_us_per_page()}
+        faults = {"fault_us_per_page": fault_us_per_page(), **_fault_from(log)}
         if log:
             log(f"page faults: a fresh page costs {faults['fault_us_per_page']:.2f} us to fault in")
     cache, pool = cold_weight_setup(dev, profile, log)

@@ -85,6 +85,7 @@ def test_the_timing_run_keeps_only_its_last_call(monkeypatch):
         calls.append(1)
         return model(x)
 
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # a GPU host times one call
     with torch.inference_mode():
         monkeypatch.setattr(cap, "TIMING_WARM_CALLS", 0)
         one, _ = capture(step, warmup=1, separate_timing=True)
@@ -101,11 +102,23 @@ def test_the_timing_run_keeps_only_its_last_call(monkeypatch):
     assert all(e["ts"] >= first for e in info["trace"]["traceEvents"] if e.get("ph") == "X")
 
 
-def test_a_timing_trace_without_its_mark_is_an_error():
-    from pipeline.workloads.capture import _only_marked_call
+def test_a_timing_trace_without_its_mark_falls_back_to_the_observer_run(monkeypatch):
+    import pipeline.workloads.capture as cap
 
-    with pytest.raises(RuntimeError, match="0 marks"):
-        _only_marked_call({"traceEvents": [{"ph": "X", "name": "aten::mm", "ts": 1.0, "dur": 2.0}]})
+    with pytest.raises(cap.MarkError, match="0 marks"):
+        cap._only_marked_call({"traceEvents": [{"ph": "X", "name": "aten::mm", "ts": 1.0, "dur": 2.0}]})
+
+    def unmarked(trace):
+        raise cap.MarkError("2 marks of its kept call, not 1")
+
+    monkeypatch.setattr(cap, "_only_marked_call", unmarked)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    model = torch.nn.Linear(8, 4)
+    x = torch.randn(2, 8)
+    with torch.inference_mode():
+        graph, info = capture(lambda: model(x), warmup=1, separate_timing=True)
+    assert info["times_source"] == "profiled run" and graph.by_name("aten::linear")
+    assert any("timing run's trace was unusable" in n for n in info["notes"])
 
 
 def test_capture_without_observer(monkeypatch):

@@ -273,6 +273,7 @@ def test_the_sweep_times_points_interleaved_and_writes_them_in_order(cpu, monkey
     monkeypatch.setattr(gemm, "measure", fake_measure)
     monkeypatch.setattr(gemm, "gemm_callable", fake_callable)
     monkeypatch.setattr(gemm, "cpu_kernel_name", lambda fn: "cpu-kernel")
+    monkeypatch.setattr(gemm, "_fault_from", lambda log=None: {})  # no child probe for a fake sweep
     monkeypatch.setattr(gemm, "cpu_tiles", lambda dev, profile, log=None: {})
     monkeypatch.setattr(gemm, "peak_matmul_flops", lambda dev, dt, size: 1e11)
     profile = get_profile("tiny", "cpu")

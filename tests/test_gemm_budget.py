@@ -28,6 +28,7 @@ def test_the_cpu_sweep_leaves_out_what_a_dtype_run_in_software_cannot_time_in_bu
     timed, said = [], []
     monkeypatch.setattr(gemm, "measure", lambda fn, *a, **k: Measurement(times_us=np.ones(3), cpu_util=1.0))
     monkeypatch.setattr(gemm, "cpu_kernel_name", lambda fn: "cpu-kernel")
+    monkeypatch.setattr(gemm, "_fault_from", lambda log=None: {})  # no child probe for a fake sweep
     monkeypatch.setattr(gemm, "cpu_tiles", lambda dev, profile, log=None: {})
 
     def fake_callable(op, dtype, b, m, n, k, device):
@@ -91,6 +92,7 @@ def _clocked_sweep(cpu, monkeypatch, call_s, **profile_changes):
     for module in (gemm, revisit, suspects, stalls, repeat):  # every visit's timing, none of them real
         monkeypatch.setattr(module, "measure", fake_measure)
     monkeypatch.setattr(gemm, "cpu_kernel_name", fake_name)
+    monkeypatch.setattr(gemm, "_fault_from", lambda log=None: {})  # no child probe for a fake sweep
     monkeypatch.setattr(gemm, "cpu_tiles", lambda dev, profile, log=None: {})
     monkeypatch.setattr(gemm, "gemm_callable", fake_callable)
     monkeypatch.setattr(gemm, "peak_matmul_flops", lambda dev, dt, size: 1e15)  # the rate lets every point in

@@ -54,7 +54,7 @@ def test_the_ladder_probe_charges_large_outputs_the_sweep_heap_served_without_fa
     model = GemmModel.fit(rows)
     compute = lambda m, n, k: 2.0 * m * n * k / 1e6  # noqa: E731
     assert model.predict("mm", "float32", 4096, 4096, 64) == pytest.approx(compute(4096, 4096, 64) + 16384, rel=1e-6)
-    # 100 MB (5120^2 floats), past every class measured: every page too
+    # 100 MB, in the 64 MiB rows' class (which counted none): every page
     assert model.faults.fault_us([100e6])[0] == pytest.approx(np.ceil(100e6 / PAGE_BYTES) * US_PER_PAGE)
     # under it (a 16 MB output) the rows' own count: none
     assert model.predict("mm", "float32", 2048, 2048, 64) == pytest.approx(compute(2048, 2048, 64), rel=0.05)
@@ -68,8 +68,34 @@ def test_the_ladder_starts_where_every_larger_size_faults():
     assert faulting_tail([8, 16, 32, 64], [True, False, True, True]) == 32
     assert faulting_tail([8, 16, 32, 64], [True, True, True, True]) == 8
     assert faulting_tail([8, 16, 32, 64], [True, True, True, False]) is None
-    # the probe itself, in a child process: a ladder size or nothing
-    assert fault_from_bytes(0, sizes_mb=(8, 64)) in (None, float(8 << 20), float(64 << 20))
+    # the probe itself, in a child process set up as a step's: under glibc, whose dynamic mmap
+    # threshold stops at 32 MiB, a 64 MiB block is a fresh mapping every time
+    import platform
+
+    from pipeline.workloads.isolated import ADAPT_BYTES
+
+    found = fault_from_bytes(ADAPT_BYTES, sizes_mb=(8, 64))
+    if platform.libc_ver()[0] == "glibc":
+        assert found in (float(8 << 20), float(64 << 20))
+    else:
+        assert found in (None, float(8 << 20), float(64 << 20))
+
+
+def test_the_sweep_goes_on_without_the_ladder(monkeypatch):
+    """A probe that fails or finds nothing leaves the column out: the rows' own counts price."""
+    from pipeline.sweeps import gemm
+
+    said = []
+
+    def broken(adapt_bytes):
+        raise RuntimeError("the page-fault ladder probe failed (exit 1): ModuleNotFoundError")
+
+    monkeypatch.setattr(gemm, "fault_from_bytes", broken)
+    assert gemm._fault_from(said.append) == {} and "ModuleNotFoundError" in said[0]
+    monkeypatch.setattr(gemm, "fault_from_bytes", lambda adapt_bytes: None)
+    assert gemm._fault_from(said.append) == {}
+    monkeypatch.setattr(gemm, "fault_from_bytes", lambda adapt_bytes: float(32 << 20))
+    assert gemm._fault_from(said.append) == {"fault_from_bytes": float(32 << 20)} and "32 MiB" in said[-1]
 
 
 def test_rows_without_counts_fit_as_before():

@@ -61,10 +61,11 @@ LADDER_REPS, LADDER_KEPT = 10, 5
 def fault_from_bytes(adapt_bytes: int = 0, sizes_mb=LADDER_MB, timeout_s: float = 120.0) -> float | None:
     """The smallest block size from which a fresh allocation, written, faults in at least half
     its pages every time in a loop of them (the last LADDER_KEPT of LADDER_REPS), every larger
-    size doing the same; None where none
-    does (an allocator that keeps its memory). Measured in a fresh interpreter that first
-    allocates and frees `adapt_bytes`, as the process each workload step is timed in
-    (workloads/isolated.py), since that is whose faults the predictions are scored against.
+    size doing the same; None where none does (an allocator that keeps its memory). Measured in
+    a fresh interpreter that first allocates and frees `adapt_bytes`, as the process each
+    workload step is timed in does (workloads/isolated.py, whose child is forked from a server
+    that imported torch; this one is started anew, its heap as empty of large free blocks):
+    that process's faults are what the predictions are scored against.
 
     What the GEMM model charges a large output by (OutputFaults): the sweep's own rows say only
     what the sweep process's heap did. Once a process has freed many large blocks, its heap
@@ -80,18 +81,26 @@ def fault_from_bytes(adapt_bytes: int = 0, sizes_mb=LADDER_MB, timeout_s: float 
 
     args = [sys.executable, "-m", "pipeline.harness.page_faults", str(int(adapt_bytes)), *map(str, sizes_mb)]
     try:
-        done = subprocess.run(args, capture_output=True, text=True, timeout=timeout_s, check=True)
-        return json.loads(done.stdout.strip().splitlines()[-1])["fault_from_bytes"]
-    except (subprocess.SubprocessError, OSError, ValueError, IndexError, KeyError) as exc:
+        done = subprocess.run(args, capture_output=True, text=True, timeout=timeout_s)
+    except (subprocess.SubprocessError, OSError) as exc:
         raise RuntimeError(f"the page-fault ladder probe failed: {exc!r}") from exc
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or ["no output"])[-1]  # the exception's own line
+        raise RuntimeError(f"the page-fault ladder probe failed (exit {done.returncode}): {last}")
+    try:
+        found = json.loads(done.stdout.strip().splitlines()[-1])["fault_from_bytes"]
+    except (ValueError, IndexError, KeyError, TypeError) as exc:
+        raise RuntimeError(f"the page-fault ladder probe printed no result: {done.stdout[-200:]!r}") from exc
+    if found is not None and not (isinstance(found, (int, float)) and found > 0):
+        raise RuntimeError(f"the page-fault ladder probe gave fault_from_bytes={found!r}, not a positive size")
+    return found
 
 
 def _ladder(adapt_bytes: int, sizes_mb) -> float | None:
     import torch
 
-    if adapt_bytes:
+    if adapt_bytes:  # as workloads/isolated.py states its allocator: allocated and freed, never written
         block = torch.empty(adapt_bytes, dtype=torch.uint8)
-        block.fill_(1)
         del block
     faulting = []
     for mb in sizes_mb:

@@ -1,4 +1,6 @@
-"""Page faults of a GEMM's fresh output, fitted from the sweep's own counts (no torch).
+"""Page faults of a GEMM's fresh output, fitted from the sweep's own counts and, from the size
+a step's process faults every page of (the ladder probe's `fault_from_bytes`), charged in full
+(no torch).
 
 A CPU GEMM that allocates its output above the allocator's mmap threshold faults in every
 page of it on every call (harness/page_faults.py); below it the allocator reuses memory and

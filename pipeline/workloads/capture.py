@@ -2,7 +2,7 @@
 
 The paper builds its graph from two records of one iteration: PyTorch's execution-trace
 observer (ops, their tensors and data dependencies) and a profiler trace (timing). We do the
-same: `capture(fn)` runs `fn` once under `torch.profiler.profile(record_shapes=True)` with an
+same: `capture(fn)` runs `fn` under `torch.profiler.profile(record_shapes=True)` with an
 `ExecutionTraceObserver` attached, and joins the two on the record-function id that both
 carry ("Record function id" in the Chrome trace, attr `rf_id` in the execution trace).
 
@@ -20,8 +20,9 @@ Shapes do not fit in `Op`, so they live in side tables keyed by op id:
 `info["shapes"]` (per input: a list of dims for a tensor, None for anything else),
 `info["dtypes"]`, `info["strides"]` (the execution trace's, per input), `info["times"]` (ts, dur, self_us). If the observer is missing or fails,
 shapes come from the profiler's "Input Dims", deps are left empty and `info["notes"]` says so.
-The observer slows every op while it is timed; `separate_timing=True` takes times from one more,
-observer-free call instead (see capture()).
+The observer slows every op while it is timed; `separate_timing=True` takes times from an
+observer-free profiled call instead, on a CPU-only host the last of TIMING_WARM_CALLS + 1 (see
+capture()).
 """
 from __future__ import annotations
 
@@ -51,7 +52,7 @@ _DTYPES = {"float": "float32", "double": "float64", "c10::BFloat16": "bfloat16",
 
 def capture(fn: Callable[[], Any], *, warmup: int = 2, execution_trace: bool = True,
             separate_timing: bool = False) -> tuple[ExecutionGraph, dict]:
-    """Run `fn` `warmup` times, then once profiled; return (graph, info).
+    """Run `fn` `warmup` times, then once profiled with the observer; return (graph, info).
 
     info: trace (the Chrome trace dict, for extract_overheads), shapes, dtypes, times,
     source ("execution_trace" or "profiler"), times_source, deps_source, notes,
@@ -85,7 +86,12 @@ def capture(fn: Callable[[], Any], *, warmup: int = 2, execution_trace: bool = T
             et = None
             trace = _profile(fn, tmp, None)
         et_nodes = _read_et(et, et_path, notes) if et is not None else None
-        timing = _profile(fn, tmp, None, TIMING_WARM_CALLS) if separate_timing and et_nodes is not None else None
+        timing = None
+        if separate_timing and et_nodes is not None:
+            try:
+                timing = _profile(fn, tmp, None, TIMING_WARM_CALLS)
+            except MarkError as e:  # the observer's run still times every op
+                notes.append(f"the timing run's trace was unusable ({e}): times from the execution-trace run")
     if not execution_trace:
         notes.append("execution trace not requested: shapes from the profiler, no data dependencies")
     graph, info = _build(trace, et_nodes, timing, notes)
@@ -132,8 +138,9 @@ def quiet_kineto_on_cpu() -> None:
 def _profile(fn, tmp: str, et, warm_calls: int = 0) -> dict:
     """A profiled call of fn; its Chrome trace as a dict. With `warm_calls` (CPU only), fn runs
     that many times more first, under the same profiler, and the trace keeps only the events of
-    the last call. On a GPU the warm calls' kernels would run on into the kept call's window,
-    and none was measured there: one call, as before."""
+    the last call. Where CUDA is available (a GPU host, even for a CPU-only workload) one call,
+    as before: the warm calls' kernels would run on into the kept call's window, and nothing
+    was measured there."""
     import torch
     from torch.autograd.profiler import record_function
     from torch.profiler import ProfilerActivity, profile
@@ -158,12 +165,16 @@ def _profile(fn, tmp: str, et, warm_calls: int = 0) -> dict:
     return _only_marked_call(trace) if warm_calls else trace
 
 
+class MarkError(RuntimeError):
+    """The timing run's trace does not fence its kept call with exactly one mark."""
+
+
 def _only_marked_call(trace: dict) -> dict:
     """The trace without the events that started before the kept call's mark (the warm calls')
     and without the mark itself, which is not an op."""
     marks = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X" and e.get("name") == _TIMED_MARK]
     if len(marks) != 1:
-        raise RuntimeError(f"the timing run's trace has {len(marks)} marks of its kept call, not 1")
+        raise MarkError(f"{len(marks)} marks of its kept call, not 1")
     start = marks[0]["ts"]
     kept = [e for e in trace["traceEvents"] if e is not marks[0] and not (e.get("ph") == "X" and e["ts"] < start)]
     return {**trace, "traceEvents": kept}

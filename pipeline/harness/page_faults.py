@@ -51,7 +51,6 @@ def fault_us_per_page(nbytes: int = PROBE_BYTES, k: int = PROBE_K, reps: int = 7
     return max(float(np.median(fresh) - np.median(warm)) * 1e6 / per_call, 0.0)
 
 
-
 LADDER_MB = (8, 16, 32, 64, 128)  # around glibc's 32 MiB cap on its dynamic mmap threshold
 # allocations per size; each of the last KEPT must fault (the first ones move the threshold, and
 # under it glibc faults some allocations and not others: 16 MB read 4096, 4096, 4096, 0, 0, 0)

@@ -74,22 +74,13 @@ def fault_from_bytes(adapt_bytes: int = 0, sizes_mb=LADDER_MB, timeout_s: float 
     on both, and the model priced GPT-2's LM head at 62.8 ms on one take and 38.6 on the other.
     A probe in this process reads 8 MB as faulting fresh and 64 MB after ten 31 MB blocks came
     and went."""
-    import json
-    import subprocess
-    import sys
+    from pipeline.harness.child_json import ChildError, run_module_json
 
-    args = [sys.executable, "-m", "pipeline.harness.page_faults", str(int(adapt_bytes)), *map(str, sizes_mb)]
+    args = [str(int(adapt_bytes)), *map(str, sizes_mb)]
     try:
-        done = subprocess.run(args, capture_output=True, text=True, timeout=timeout_s)
-    except (subprocess.SubprocessError, OSError) as exc:
-        raise RuntimeError(f"the page-fault ladder probe failed: {exc!r}") from exc
-    if done.returncode != 0:
-        last = (done.stderr.strip().splitlines() or ["no output"])[-1]  # the exception's own line
-        raise RuntimeError(f"the page-fault ladder probe failed (exit {done.returncode}): {last}")
-    try:
-        found = json.loads(done.stdout.strip().splitlines()[-1])["fault_from_bytes"]
-    except (ValueError, IndexError, KeyError, TypeError) as exc:
-        raise RuntimeError(f"the page-fault ladder probe printed no result: {done.stdout[-200:]!r}") from exc
+        found = run_module_json("pipeline.harness.page_faults", args, timeout_s).get("fault_from_bytes", 0)
+    except ChildError as exc:
+        raise RuntimeError(f"the page-fault ladder probe: {exc}") from exc
     if found is not None and not (isinstance(found, (int, float)) and found > 0):
         raise RuntimeError(f"the page-fault ladder probe gave fault_from_bytes={found!r}, not a positive size")
     return found

@@ -25,12 +25,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import subprocess
 import sys
 
 import numpy as np
 
 from pipeline.core.errors import DevcharError
+from pipeline.harness.child_json import ChildError, run_module_json
 from pipeline.harness.timer import Measurement
 from pipeline.workloads.fork_server import ForkServer, serve
 
@@ -88,19 +88,11 @@ def _forked(args: list[str], what: str, timeout_s: float) -> dict:
 
 def _executed(args: list[str], what: str, timeout_s: float) -> dict:
     try:
-        done = subprocess.run([sys.executable, "-m", "pipeline.workloads.isolated", *args], capture_output=True,
-                              text=True, timeout=timeout_s)
-    except subprocess.TimeoutExpired as exc:
-        raise DevcharError(f"measuring {what} in its own process: no answer in {timeout_s:g} s") from exc
-    if done.returncode != 0:
-        last = (done.stderr.strip().splitlines() or ["no output"])[-1]  # the exception's own line
-        raise DevcharError(f"measuring {what} in its own process failed (exit {done.returncode}): {last}")
-    try:
-        out = json.loads(done.stdout.strip().splitlines()[-1])
-    except (IndexError, ValueError):  # JSONDecodeError is a ValueError
-        out = None
-    if not isinstance(out, dict) or not RESULT_KEYS <= out.keys():
-        raise DevcharError(f"measuring {what} in its own process: no result line in {done.stdout[-200:]!r}")
+        out = run_module_json("pipeline.workloads.isolated", args, timeout_s)
+    except ChildError as exc:
+        raise DevcharError(f"measuring {what} in its own process: {exc}") from exc
+    if not RESULT_KEYS <= out.keys():
+        raise DevcharError(f"measuring {what} in its own process: no result line in {out!r}")
     return out
 
 

@@ -16,9 +16,9 @@ the flush; on the seven committed CPU references replayed and one more take, the
 footprint priced DLRM better on six of the eight and GPT-2 as well or better on seven
 (docs/methods.md; in-sample, on the captures that prompted it). Why, as far as measured:
 inside a step an op's pages were last touched a step of traffic ago, whatever ran just before
-it; the twins flush data only, so they are a floor for that. One level
-only: an op after a GEMM streaming hundreds of MB finds its data further still (the 64 MB
-case), which this does not price.
+it; the twins flush data only, so they are a floor for that. One level only: an op after a
+GEMM streaming hundreds of MB finds its data further still (the 64 MB case), which this does
+not price.
 """
 from __future__ import annotations
 

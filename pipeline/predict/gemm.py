@@ -16,6 +16,7 @@ from pipeline.core.dtypes import check_dtype, element_bytes
 from pipeline.core.errors import BadShapeError, MissingModelError, check_positive_arrays
 from pipeline.predict.geometry import waves as count_waves
 from pipeline.predict.gemm_grids import UNALIGNED_GRIDS, fill_capped, is_cold, no_faster_with_more_waves
+from pipeline.predict.gemm_alias import ALIAS_GRID
 from pipeline.predict.gemm_batch import BATCH_GRID, BatchCorrection
 from pipeline.predict.gemm_narrow import NARROW_GRID, NarrowCorrection, narrow_rows
 from pipeline.predict.gemm_table import GemmTable
@@ -70,10 +71,10 @@ class GemmModel:
         is_twin = grid.isin([name.removesuffix("_log") for name in UNALIGNED_GRIDS]).to_numpy()
         is_aspect = (grid == "aspect").to_numpy()
         cold_rows, is_batch = is_cold(samples), (grid == BATCH_GRID).to_numpy()
-        is_narrow = (grid == NARROW_GRID).to_numpy()
+        is_narrow, is_alias = (grid == NARROW_GRID).to_numpy(), (grid == ALIAS_GRID).to_numpy()
         twins, aspect, cold, batched = samples[is_twin], samples[is_aspect], samples[cold_rows], samples[is_batch]
-        narrow = narrow_rows(samples, grid)
-        samples = samples[~(is_twin | is_aspect | cold_rows | is_batch | is_narrow)]
+        narrow, alias_twins = narrow_rows(samples, grid), samples[is_alias]
+        samples = samples[~(is_twin | is_aspect | cold_rows | is_batch | is_narrow | is_alias)]
         tables = {}
         for (op, dtype, kernel), g in samples.groupby(["op", "dtype", "kernel"]):
             tm, tn = (int(g[c].mode().iloc[0]) for c in ("tile_m", "tile_n"))
@@ -86,6 +87,8 @@ class GemmModel:
             table = GemmTable(op, dtype, str(kernel), tm, tn, slots, grid.index.to_numpy(float), ks,
                               no_faster_with_more_waves(fill_capped(grid.to_numpy(float), ks),
                                                         grid.index.to_numpy(float), ks), split_k)
+            # paired with this kernel's cells by shape, whichever kernel the twin ran
+            table = table.with_alias(g, alias_twins[(alias_twins["op"] == op) & (alias_twins["dtype"] == dtype)])
             mine = aspect[(aspect["op"] == op) & (aspect["dtype"] == dtype) & (aspect["kernel"] == kernel)]
             if len(mine):  # whole-wave and batch-grid rows on the aspect lattice were not measured
                 # twice: they join it (bmm's lattice is timed at a batch of its own, its squares

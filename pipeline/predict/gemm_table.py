@@ -9,6 +9,7 @@ import numpy as np
 import pandas as pd
 
 from pipeline.core.dtypes import element_bytes
+from pipeline.predict.gemm_alias import alias_factor, alias_grid
 from pipeline.predict.geometry import bilinear, grid_position
 from pipeline.predict.geometry import waves as count_waves
 from pipeline.predict.gemm_grids import (LINE_BYTES, UNALIGNED_GRIDS, ends_mid_line, extend_rows_linearly,
@@ -44,6 +45,9 @@ class GemmTable(DataclassJSON):
     # CPU: log of how much longer a shape runs with its weights read from memory (rotated
     # through a pool past the cache, sweeps/gemm_points.py) than hot, over the same (M x N) lattice
     cold_log: np.ndarray | None = None
+    # CPU: log of how a short-K shape whose output rows are not a multiple of 4 KiB runs beside
+    # the table's, whose rows are, over the table's own (waves x K) cells (gemm_alias.py)
+    alias_log: np.ndarray | None = None
 
     def __post_init__(self):
         for name in _GRIDS:  # JSON gives lists back
@@ -81,6 +85,8 @@ class GemmTable(DataclassJSON):
         kk = np.maximum(np.asarray(k, dtype=float), self.ks[0])
         padded_flops = (2.0 * self.slots * self.tile_m * self.tile_n / self.split_k) * w * kk
         hot = padded_flops / self.throughput(w, kk) * self.aspect_factor(m, n, k) * self.alignment_factor(m, n, k)
+        if self.alias_log is not None:
+            hot = hot * alias_factor(self.alias_log, self.waves, self.ks, w, n, kk, self.dtype)
         return hot if not cold or self.cold_log is None else hot * np.exp(cold * self._on_lattice(self.cold_log, m, n))
 
     def _on_lattice(self, g: np.ndarray, m, n) -> np.ndarray:
@@ -209,4 +215,11 @@ class GemmTable(DataclassJSON):
         return replace(self, cold_log=np.maximum(grid.to_numpy(float), 0.0))
 
 
-_GRIDS = ("aspect_m", "aspect_n", "aspect_log", "aspect_k", *UNALIGNED_GRIDS, "cold_log")
+    def with_alias(self, base: pd.DataFrame, twins: pd.DataFrame) -> "GemmTable":
+        """This table with its correction for short-K shapes whose rows do not alias, fitted on
+        `base` (its whole-wave rows) and `twins` (its ALIAS_GRID rows); unchanged without twins."""
+        grid = alias_grid(base, twins, self.waves, self.ks, self.dtype) if len(twins) else None
+        return self if grid is None else replace(self, alias_log=grid)
+
+
+_GRIDS = ("aspect_m", "aspect_n", "aspect_log", "aspect_k", *UNALIGNED_GRIDS, "cold_log", "alias_log")

@@ -12,6 +12,7 @@ import numpy as np
 from pipeline.core.dtypes import dtypes_for, element_bytes
 from pipeline.core.ops import GEMM_OPS
 from pipeline.device.discover import DeviceIdentity
+from pipeline.predict.gemm_alias import ALIAS_GRID, rows_alias, short_k, twin_step
 from pipeline.predict.gemm_batch import BATCH_GRID
 from pipeline.predict.gemm_grids import COLD_GRID, COLD_HELDOUT, LINE_BYTES
 from pipeline.predict.gemm_narrow import NARROW_GRID
@@ -38,7 +39,8 @@ class GemmPoint:
     n: int
     k: int
     held_out: bool
-    grid: str = "waves"  # "waves" (PM2Lat's whole-wave grid), "aspect" (CPU: off its diagonal), "batch", "narrow_n", "heldout"
+    grid: str = "waves"  # "waves" (PM2Lat's whole-wave grid), "aspect" (CPU: off its diagonal), "batch", "narrow_n",
+    # "off_alias_n", "heldout"
 
     @property
     def shape(self) -> tuple[str, str, int, int, int, int]:
@@ -171,6 +173,16 @@ def unaligned_twins(grid: list[GemmPoint], k: int) -> list[GemmPoint]:
             for name, dim in UNALIGNED.items()]
 
 
+def alias_twins(dev: DeviceIdentity, profile: Profile, train: list[GemmPoint]) -> list[GemmPoint]:
+    """CPU: each whole-wave point with a K of at most one cache line whose output rows are a
+    multiple of 4 KiB, again one line wider (predict/gemm_alias.py): short-K shapes of other
+    widths ran up to 5x faster than the grid's on the Zen 5 EPYC VM."""
+    if dev.kind != "cpu" or not profile.gemm_aspect_k:
+        return []
+    return [replace(p, n=p.n + twin_step(p.dtype), grid=ALIAS_GRID) for p in train
+            if p.grid == "waves" and short_k(p.k, p.dtype) and rows_alias(p.n, p.dtype)]
+
+
 def lattice_sides(top: int) -> list[int]:
     """The aspect lattice's sides up to `top`: powers of 4, and TWO."""
     return sorted({TWO, *(4 ** i for i in range(int(math.log(top, 4)) + 1))})
@@ -253,6 +265,7 @@ def sweep_points(dev: DeviceIdentity, profile: Profile,
     (the fit reads such rows into the aspect grid too, predict/gemm.py), and so is a narrow point
     the aspect grid's twins hold."""
     train, batched = training_points(dev, profile, tiles), batch_points(dev, profile)
+    train += alias_twins(dev, profile, train)
     have = {p.shape for p in train + batched}
     aspect = [p for p in aspect_points(dev, profile) if p.grid != "aspect" or p.shape not in have]  # twins all stay
     have |= {p.shape for p in aspect}

@@ -1,0 +1,85 @@
+"""How a short-K GEMM whose output rows are not a multiple of 4 KiB long runs beside the
+whole-wave table's, whose rows are (CPU, no torch).
+
+The whole-wave grid lays its outputs out near square in powers of two, so from about a million
+outputs on, every row of C is a multiple of 4 KiB long, and the rows a kernel writes together
+sit in the same L1 sets (x86's "4K aliasing": an L1 indexed by the low 12 address bits). Where K
+is short the kernel does little but write C, and then that costs several times over. On the
+Zen 5 EPYC VM (2 threads, float32, 2026-11-30), at M = 1024 and K = 2-8, mm and `F.linear` ran
+0.31-0.43 ns an output at N = 1024, 2048, 3072 and 4096, and 0.06-0.12 at N = 1040, 1973 and
+2064; at K = 1 (an outer product, another kernel) and at K = 32 all ran alike. The table priced
+the held-out mm 882 x 1973 x 2 at 4.6x its time.
+
+The sweep times each such whole-wave cell again one cache line wider (sweeps/gemm_points.py
+alias_twins, grid ALIAS_GRID). Per (waves, K) cell the correction is log(twin / base) less the
+twin's extra FLOPs; a shape whose rows are not a multiple of ALIAS_BYTES gets it, interpolated in
+log2 waves and log2 K over the table's own cells. Cells whose base rows are not a multiple either
+(fewer outputs) correct nothing: their table was timed as such shapes run. K columns past a line
+were not twinned and correct nothing, so the correction fades out between the last short K and
+the next. What the aliasing costs, if anything, is measured per device; 4 KiB is where x86 puts
+it (an L1 of 64-byte lines, 64 sets), not a guess about one CPU.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from pipeline.core.dtypes import element_bytes
+from pipeline.predict.gemm_grids import LINE_BYTES
+from pipeline.predict.geometry import bilinear, grid_position
+
+ALIAS_GRID = "off_alias_n"  # gemm_samples.grid of the twins (sweeps/gemm_points.py)
+ALIAS_BYTES = 4096
+
+
+def rows_alias(n, dtype: str) -> np.ndarray:
+    """Whether output rows of `n` elements of `dtype` are a whole multiple of ALIAS_BYTES long."""
+    return (np.asarray(n, dtype=np.int64) * element_bytes(dtype)) % ALIAS_BYTES == 0
+
+
+def short_k(k, dtype: str) -> np.ndarray:
+    """Whether a K of `dtype` elements fits in one cache line: where the twins are timed."""
+    return np.asarray(k, dtype=np.int64) * element_bytes(dtype) <= LINE_BYTES
+
+
+def twin_step(dtype: str) -> int:
+    """How much wider a twin is than its base: one cache line of `dtype`."""
+    return LINE_BYTES // element_bytes(dtype)
+
+
+def alias_grid(base: pd.DataFrame, twins: pd.DataFrame, waves: np.ndarray, ks: np.ndarray,
+               dtype: str) -> np.ndarray | None:
+    """The (waves x K) log correction of one kernel's table: `base`, its whole-wave rows (page
+    faults taken off), with columns waves, m, n, k, batch, median_us; `twins`, its ALIAS_GRID
+    rows. A cell with an aliasing base that was not twinned (the caps) takes the nearest twinned
+    cell of its K in log2 waves; None where no twin pairs with a base."""
+    keys = ["batch", "m", "k"]
+    b = base[rows_alias(base["n"], dtype)].groupby([*keys, "n", "waves"], as_index=False)["median_us"].median()
+    t = twins.assign(n=twins["n"] - twin_step(dtype))
+    pair = t.groupby([*keys, "n"], as_index=False)["median_us"].median().merge(b, on=[*keys, "n"],
+                                                                               suffixes=("", "_base"))
+    if pair.empty:
+        return None
+    extra = np.log((pair["n"] + twin_step(dtype)) / pair["n"])
+    pair = pair.assign(log=np.log(pair["median_us"] / pair["median_us_base"]) - extra)
+    cells = pair.pivot_table(index="waves", columns="k", values="log", aggfunc="median")
+    out = np.zeros((waves.size, ks.size))
+    aliased_rows = set(b["waves"].astype(float))
+    lw = np.log2(waves)
+    for j, k in enumerate(ks):
+        if k not in cells.columns:
+            continue
+        col = cells[k].dropna()
+        if col.empty:
+            continue
+        filled = np.interp(lw, np.log2(col.index.to_numpy(float)), col.to_numpy(float))
+        out[:, j] = np.where([w in aliased_rows for w in waves], filled, 0.0)
+    return out
+
+
+def alias_factor(grid: np.ndarray, waves: np.ndarray, ks: np.ndarray, w, n, k, dtype: str) -> np.ndarray:
+    """exp(the correction) at each shape's (waves, K), for shapes whose rows do not alias; 1 for
+    those whose rows do (the table's own)."""
+    w, k = np.asarray(w, float), np.asarray(k, float)
+    at = bilinear(grid, grid_position(np.log2(waves), np.log2(w)), grid_position(np.log2(ks), np.log2(k)))
+    return np.where(rows_alias(n, dtype), 1.0, np.exp(at))

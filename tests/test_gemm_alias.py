@@ -1,0 +1,70 @@
+"""The CPU GEMM model's alias correction: short-K shapes whose output rows are not a multiple of
+4 KiB, priced from twins of the whole-wave cells whose rows are (predict/gemm_alias.py)."""
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from pipeline.predict.gemm import GemmModel
+from pipeline.predict.gemm_alias import ALIAS_GRID, rows_alias, short_k
+from pipeline.predict.geometry import whole_wave_shape
+
+KS = (2, 4, 64)
+
+
+def _sweep(twin_speed: float | None) -> pd.DataFrame:
+    """A made-up CPU (1 x 1 tile, 2 slots): time linear in waves and K; twins one line wider at
+    the short K of the cells whose rows alias, `twin_speed` x their base beyond the extra FLOPs."""
+    rows = []
+    for w in (4 ** i for i in range(11)):
+        m, n = whole_wave_shape(w, 1, 1, 2)
+        for k in KS:
+            rows.append(dict(op="mm", dtype="float32", kernel="cpu", tile_m=1, tile_n=1, slots=2, batch=1, m=m,
+                             n=n, k=k, waves=w, median_us=1.0 + 1e-4 * w * k, held_out=False, grid="waves"))
+    base = pd.DataFrame(rows)
+    if twin_speed is None:
+        return base
+    pick = base[short_k(base["k"], "float32") & rows_alias(base["n"], "float32")]
+    twins = pick.assign(n=pick["n"] + 16, grid=ALIAS_GRID,
+                        median_us=pick["median_us"] * (pick["n"] + 16) / pick["n"] * twin_speed)
+    return pd.concat([base, twins], ignore_index=True)
+
+
+def test_short_k_shapes_whose_rows_do_not_alias_take_the_twins_speed():
+    plain, fixed = GemmModel.fit(_sweep(None)), GemmModel.fit(_sweep(0.25))
+    assert len(_sweep(0.25)) > len(_sweep(None))  # the made-up sweep has aliasing cells
+
+    def ratio(m, n, k):
+        return float(fixed.predict("mm", "float32", m, n, k)) / float(plain.predict("mm", "float32", m, n, k))
+
+    assert ratio(882, 1973, 2) == pytest.approx(0.25)  # between two aliasing rows, not aliasing itself
+    assert ratio(1024, 2048, 2) == pytest.approx(1.0)  # rows of 8 KiB: the table's own shapes
+    assert ratio(1024, 3072, 4) == pytest.approx(1.0)  # 12 KiB rows alias too
+    assert ratio(882, 1973, 64) == pytest.approx(1.0)  # K past a line: not twinned, not corrected
+    assert 0.25 < ratio(882, 1973, 16) < 1.0  # fades out between the last short K and the next
+    assert ratio(8, 12, 2) == pytest.approx(1.0)  # few outputs: the table was timed on rows that do not alias
+    table = fixed.table("mm", "float32")
+    again = GemmModel.from_dict(json.loads(json.dumps(fixed.to_dict())))
+    assert float(again.predict("mm", "float32", 882, 1973, 2)) == pytest.approx(float(fixed.predict("mm", "float32", 882, 1973, 2)))
+    assert table.alias_log is not None and "alias_log" not in plain.table("mm", "float32").to_dict()
+
+
+def test_the_twins_are_not_fitted_into_the_whole_wave_table():
+    assert np.array_equal(GemmModel.fit(_sweep(0.25)).table("mm", "float32").thr,
+                          GemmModel.fit(_sweep(None)).table("mm", "float32").thr)
+
+
+def test_the_cpu_sweep_twins_short_k_cells_whose_rows_alias(cpu):
+    from pipeline.sweeps.gemm_points import sweep_points
+    from pipeline.sweeps.profiles import get_profile
+
+    profile = get_profile("quick", "cpu")
+    tiles = {(op, dt): (1, 1) for op in ("mm", "bmm", "linear") for dt in ("float32", "bfloat16")}
+    pts = sweep_points(cpu, profile, tiles)
+    twins = [p for p in pts if p.grid == ALIAS_GRID]
+    bases = {(p.op, p.dtype, p.batch, p.m, p.n, p.k) for p in pts if p.grid == "waves"}
+    assert twins and all(short_k(p.k, p.dtype) and not rows_alias(p.n, p.dtype) for p in twins)
+    step = {"float32": 16, "bfloat16": 32}
+    assert all((p.op, p.dtype, p.batch, p.m, p.n - step[p.dtype], p.k) in bases for p in twins)
+    assert {p.k for p in twins if p.dtype == "float32"} == {1, 2, 4, 8, 16}

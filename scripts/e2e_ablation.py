@@ -40,6 +40,7 @@ from pipeline.predict import store  # noqa: E402
 from pipeline.predict.embedding import EmbeddingModel  # noqa: E402
 from pipeline.predict.evaluate import error_table, gemm_predictions  # noqa: E402
 from pipeline.predict.gemm import GemmModel  # noqa: E402
+from pipeline.predict.gemm_alias import ALIAS_GRID  # noqa: E402
 from pipeline.predict.gemm_grids import hot_rows  # noqa: E402
 from pipeline.predict.gemm_narrow import NARROW_GRID  # noqa: E402
 from pipeline.predict.graph_predict import free_probe, predict_runs, table_v  # noqa: E402
@@ -86,10 +87,15 @@ def _no_call(e: pd.DataFrame) -> pd.DataFrame:
     return e.drop(columns="backward_call_us", errors="ignore")
 
 
+def _no_alias(g: pd.DataFrame) -> pd.DataFrame:
+    """Without the short-K twins off 4 KiB (predict/gemm_alias.py)."""
+    return g[g["grid"].astype(str) != ALIAS_GRID]
+
+
 def _old(gemm, emb):
-    """A variant before the last three: bmm without its aspect grid, embeddings without the call,
-    no narrow grid."""
-    return (lambda g: gemm(_no_narrow(_no_bmm_aspect(g)))), (lambda e: emb(_no_call(e)))
+    """A variant before the last four: bmm without its aspect grid, embeddings without the call,
+    no narrow grid, no alias twins."""
+    return (lambda g: gemm(_no_alias(_no_narrow(_no_bmm_aspect(g))))), (lambda e: emb(_no_call(e)))
 
 
 def _all(x):
@@ -101,7 +107,9 @@ VARIANTS = {"before": _old(lambda g: _no_faults(_no_twins(hot_rows(_no_batch(g))
             "+cold": _old(lambda g: _no_faults(hot_rows(_no_batch(g))), _all),
             "+faults": _old(lambda g: hot_rows(_no_batch(g)), _all),
             "+cold_weights": _old(_no_batch, _all), "+batch": _old(_all, _all), "+copy_layout": _old(_all, _all),
-            "+bmm_aspect": (_no_narrow, _no_call), "+backward_call": (_no_narrow, _all), "+narrow": (_all, _all)}
+            "+bmm_aspect": (lambda g: _no_alias(_no_narrow(g)), _no_call),
+            "+backward_call": (lambda g: _no_alias(_no_narrow(g)), _all), "+narrow": (_no_alias, _all),
+            "+alias": (_all, _all)}
 
 
 STRIDED = ("+copy_layout", "+bmm_aspect", "+backward_call", "+narrow")  # the variants that price copies by their strides

@@ -13,11 +13,11 @@ from pipeline.predict.geometry import whole_wave_shape
 KS = (2, 4, 64)
 
 
-def _sweep(twin_speed: float | None) -> pd.DataFrame:
+def _sweep(twin_speed: float | None, outlier: float | None = None) -> pd.DataFrame:
     """A made-up CPU (1 x 1 tile, 2 slots): time linear in waves and K; twins one line wider at
     the short K of the cells whose rows alias, `twin_speed` x their base beyond the extra FLOPs."""
     rows = []
-    for w in (4 ** i for i in range(11)):
+    for w in (4 ** i for i in range(12)):
         m, n = whole_wave_shape(w, 1, 1, 2)
         for k in KS:
             rows.append(dict(op="mm", dtype="float32", kernel="cpu", tile_m=1, tile_n=1, slots=2, batch=1, m=m,
@@ -26,8 +26,11 @@ def _sweep(twin_speed: float | None) -> pd.DataFrame:
     if twin_speed is None:
         return base
     pick = base[short_k(base["k"], "float32") & rows_alias(base["n"], "float32")]
+    speed = np.full(len(pick), twin_speed)
+    if outlier is not None:  # one twin, at K = 2 of the second aliasing row, timed apart from the rest
+        speed[np.flatnonzero(pick["k"].to_numpy() == 2)[1]] = outlier
     twins = pick.assign(n=pick["n"] + 16, grid=ALIAS_GRID,
-                        median_us=pick["median_us"] * (pick["n"] + 16) / pick["n"] * twin_speed)
+                        median_us=pick["median_us"] * (pick["n"] + 16) / pick["n"] * speed)
     return pd.concat([base, twins], ignore_index=True)
 
 
@@ -48,6 +51,21 @@ def test_short_k_shapes_whose_rows_do_not_alias_take_the_twins_speed():
     again = GemmModel.from_dict(json.loads(json.dumps(fixed.to_dict())))
     assert float(again.predict("mm", "float32", 882, 1973, 2)) == pytest.approx(float(fixed.predict("mm", "float32", 882, 1973, 2)))
     assert table.alias_log is not None and "alias_log" not in plain.table("mm", "float32").to_dict()
+
+
+def test_one_twin_off_its_neighbours_or_slower_than_its_base_does_not_price_alone():
+    """A twin 8x slower than its base (a stall, or another effect): outvoted by its neighbours in
+    waves; twins all slower than their bases correct nothing (a wider row does not alias more)."""
+    plain = GemmModel.fit(_sweep(None))
+    for fixed in (GemmModel.fit(_sweep(0.25, outlier=8.0)), GemmModel.fit(_sweep(1.3))):
+        grid = fixed.table("mm", "float32").alias_log
+        assert (grid <= 0).all()
+    mixed = GemmModel.fit(_sweep(0.25, outlier=8.0))
+    ratio = [float(mixed.predict("mm", "float32", m, n, 2)) / float(plain.predict("mm", "float32", m, n, 2))
+             for m, n in ((1000, 2000), (2000, 4000))]
+    assert ratio == pytest.approx([0.25, 0.25])
+    assert float(GemmModel.fit(_sweep(1.3)).predict("mm", "float32", 1000, 2000, 2)) == pytest.approx(
+        float(plain.predict("mm", "float32", 1000, 2000, 2)))
 
 
 def test_the_twins_are_not_fitted_into_the_whole_wave_table():

@@ -51,8 +51,13 @@ def alias_grid(base: pd.DataFrame, twins: pd.DataFrame, waves: np.ndarray, ks: n
                dtype: str) -> np.ndarray | None:
     """The (waves x K) log correction of one kernel's table: `base`, its whole-wave rows (page
     faults taken off), with columns waves, m, n, k, batch, median_us; `twins`, its ALIAS_GRID
-    rows. A cell with an aliasing base that was not twinned (the caps) takes the nearest twinned
-    cell of its K in log2 waves; None where no twin pairs with a base."""
+    rows. Each twinned cell is the median of itself and its twinned neighbours in waves at its K
+    (each is one timing of each side: one slow base must not price its shapes alone, as the
+    unaligned twins' neighbourhood median has it), and never above 0: a twin differs from its
+    base only in where its rows fall in the cache, so one that ran slower (Zen 5, K = 16: N = 2064
+    at 0.28 ns an output, 2048 at 0.23) timed something else. A cell with an aliasing base that was
+    not twinned (the caps) takes the nearest twinned cell of its K in log2 waves; None where no
+    twin pairs with a base."""
     keys = ["batch", "m", "k"]
     b = base[rows_alias(base["n"], dtype)].groupby([*keys, "n", "waves"], as_index=False)["median_us"].median()
     t = twins.assign(n=twins["n"] - twin_step(dtype))
@@ -72,14 +77,19 @@ def alias_grid(base: pd.DataFrame, twins: pd.DataFrame, waves: np.ndarray, ks: n
         col = cells[k].dropna()
         if col.empty:
             continue
-        filled = np.interp(lw, np.log2(col.index.to_numpy(float)), col.to_numpy(float))
+        vals = col.to_numpy(float)
+        lo = np.clip(np.arange(vals.size) - 1, 0, max(vals.size - 3, 0))  # three rows, shifted in at the ends
+        smooth = np.minimum([np.median(vals[i:i + 3]) for i in lo], 0.0)
+        filled = np.interp(lw, np.log2(col.index.to_numpy(float)), smooth)
         out[:, j] = np.where([w in aliased_rows for w in waves], filled, 0.0)
     return out
 
 
 def alias_factor(grid: np.ndarray, waves: np.ndarray, ks: np.ndarray, w, n, k, dtype: str) -> np.ndarray:
     """exp(the correction) at each shape's (waves, K), for shapes whose rows do not alias; 1 for
-    those whose rows do (the table's own)."""
+    those whose rows do. The table then prices an aliasing shape at the rate of its wave row's
+    base, which at few outputs (rows under 4 KiB, e.g. 64 x 1024 x 2 from a 1 KiB row) aliased
+    less or not at all: what a short-K shape of 4 KiB rows costs there is not measured."""
     w, k = np.asarray(w, float), np.asarray(k, float)
     at = bilinear(grid, grid_position(np.log2(waves), np.log2(w)), grid_position(np.log2(ks), np.log2(k)))
     return np.where(rows_alias(n, dtype), 1.0, np.exp(at))

@@ -137,6 +137,33 @@ def test_rows_timed_into_a_kept_output_give_the_kernel_and_the_faults_cost():
                                                                           rel=1e-6)
 
 
+def test_a_fault_costs_what_the_held_output_timing_says_where_the_sweep_took_one():
+    """Faulting rows whose harness time also frees each output (2 us a page in all) and whose
+    held-output time does not (1.5 us): a page is charged the held one, the step's own free being
+    the end-to-end predictors' (graph_predict.output_free_us); rows without it as before."""
+    rows = _rows(faulting_from_bytes=32 << 20)
+    compute = 2.0 * rows["m"] * rows["n"] * rows["k"] / 1e6
+    big = rows["faults_per_call"] > 0
+    rows.loc[big, "median_us"] = compute[big] + 2.0 * rows.loc[big, "faults_per_call"]
+    rows["kept_us"] = np.where(big, compute, np.nan)
+    held = rows.assign(held_us=np.where(big, compute + 1.5 * rows["faults_per_call"], np.nan))
+    assert GemmModel.fit(held).faults.us_per_page == pytest.approx(1.5)
+    assert GemmModel.fit(rows).faults.us_per_page == pytest.approx(2.0)
+
+
+def test_the_held_output_timing_leaves_the_previous_outputs_free_out():
+    """A call whose output takes 20 ms to free: timed held, the free falls between calls."""
+    import time
+
+    from pipeline.harness.page_faults import held_output_us
+
+    class SlowToFree:
+        def __del__(self):
+            time.sleep(0.02)
+
+    assert held_output_us(SlowToFree, reps=3) < 10_000
+
+
 @pytest.mark.parametrize("op", ["mm", "bmm", "linear"])
 def test_the_kept_output_twin_computes_what_the_sweep_timed(op):
     from pipeline.harness import random_pool

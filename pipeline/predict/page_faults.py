@@ -56,13 +56,22 @@ def kept_us_per_page(rows: pd.DataFrame) -> float | None:
     """What a fault cost inside the sweep's own GEMMs: the median over rows timed both ways of
     (fresh - kept) / faults; None without such rows. The probe's 64 MB fill (0.54 us a page on
     the Xeon VM) under-priced GPT-2's LM head, whose fresh and kept outputs differed by 0.78-1.0
-    us a page: the faults also evict the GEMM's packed panels."""
+    us a page: the faults also evict the GEMM's packed panels.
+    Fresh is the row's `held_us` where the sweep timed one (since 2026-11-30: the previous output
+    held through the call, as in a step), else its median, which also frees each output inside
+    the timing: a step frees a returned output once, at its end (graph_predict.output_free_us),
+    and priced both ways GPT-2's logits paid their free twice (Zen 5 EPYC VM: 0.89 us a page from
+    the medians, 0.56-0.64 to fault and 0.32 to free, harness/page_faults.held_output_us)."""
     if "kept_us" not in rows:
         return None
     both = rows[np.isfinite(rows["kept_us"].to_numpy(float)) & (rows["faults_per_call"] > 0)]
     if both.empty:
         return None
-    return float(np.median(np.maximum(both["median_us"] - both["kept_us"], 0.0) / both["faults_per_call"]))
+    fresh = both["median_us"].to_numpy(float)
+    if "held_us" in both:
+        held = both["held_us"].to_numpy(float)
+        fresh = np.where(np.isfinite(held) & (held > 0), held, fresh)
+    return float(np.median(np.maximum(fresh - both["kept_us"].to_numpy(float), 0.0) / both["faults_per_call"]))
 
 
 @dataclass

@@ -146,22 +146,41 @@ def test_a_fault_costs_what_the_held_output_timing_says_where_the_sweep_took_one
     big = rows["faults_per_call"] > 0
     rows.loc[big, "median_us"] = compute[big] + 2.0 * rows.loc[big, "faults_per_call"]
     rows["kept_us"] = np.where(big, compute, np.nan)
-    held = rows.assign(held_us=np.where(big, compute + 1.5 * rows["faults_per_call"], np.nan))
+    held = rows.assign(held_us=np.where(big, compute + 1.5 * rows["faults_per_call"], np.nan),
+                       held_faults=np.where(big, rows["faults_per_call"], np.nan))
     assert GemmModel.fit(held).faults.us_per_page == pytest.approx(1.5)
     assert GemmModel.fit(rows).faults.us_per_page == pytest.approx(2.0)
+    # half the held timings faulted every other call: their own count, not the harness's, divides
+    halved = held.assign(held_us=np.where(big, compute + 0.75 * rows["faults_per_call"], np.nan),
+                         held_faults=np.where(big, rows["faults_per_call"] / 2, np.nan))
+    assert GemmModel.fit(halved).faults.us_per_page == pytest.approx(1.5)
+    # a row without a held timing (NaN) falls back to its harness time
+    mixed = held.copy()
+    mixed.loc[mixed.index[big][:1], ["held_us", "held_faults"]] = np.nan
+    assert GemmModel.fit(mixed).faults.us_per_page == pytest.approx(1.5)
 
 
 def test_the_held_output_timing_leaves_the_previous_outputs_free_out():
-    """A call whose output takes 20 ms to free: timed held, the free falls between calls."""
+    """A call whose output takes 20 ms to free: timed held, the free falls between calls; and
+    during every call the previous output is alive."""
     import time
 
     from pipeline.harness.page_faults import held_output_us
 
+    alive, seen = [0], []
+
     class SlowToFree:
+        def __init__(self):
+            seen.append(alive[0])  # outputs alive as this call runs
+            alive[0] += 1
+
         def __del__(self):
+            alive[0] -= 1
             time.sleep(0.02)
 
-    assert held_output_us(SlowToFree, reps=3) < 10_000
+    us, faults = held_output_us(SlowToFree, reps=3)
+    assert us < 10_000 and faults >= 0
+    assert seen[0] == 0 and all(n >= 1 for n in seen[1:])
 
 
 @pytest.mark.parametrize("op", ["mm", "bmm", "linear"])

@@ -10,12 +10,13 @@ from pipeline.predict.probe_scaling import FOLDS, MIN_ROWS_PER_FOLD, choose_beta
 
 def test_scaling_moves_each_row_to_the_median_reading_and_leaves_rows_without_one():
     rows = pd.DataFrame({"median_us": [10.0, 10.0, 10.0, 10.0], "p20_us": [9.0] * 4, "kept_us": [np.nan, 5.0, 5.0, 5.0],
-                         "fault_us_per_page": [1.0] * 4, "probe_us": [20.0, 40.0, 20.0, np.nan], "k": [1, 2, 3, 4]})
+                         "held_us": [np.nan, 8.0, 8.0, 8.0], "fault_us_per_page": [1.0] * 4, "probe_us": [20.0, 40.0, 20.0, np.nan], "k": [1, 2, 3, 4]})
     assert scaled(rows, 0.0).equals(rows.astype({"median_us": float}))
     one = scaled(rows, 1.0)  # the median reading is 20: the 40 us row ran in a spell twice as slow
     assert one["median_us"].tolist() == [10.0, 5.0, 10.0, 10.0]
     assert one["p20_us"].tolist() == [9.0, 4.5, 9.0, 9.0] and one["fault_us_per_page"].tolist() == [1.0, 0.5, 1.0, 1.0]
     assert one["kept_us"].iloc[1] == 2.5 and np.isnan(one["kept_us"].iloc[0])
+    assert one["held_us"].iloc[1] == 4.0  # held less kept is a fault's cost: both in one machine state
     assert one["k"].tolist() == [1, 2, 3, 4] and one["probe_us"].equals(rows["probe_us"])  # shapes and readings kept
     assert scaled(rows, 0.5)["median_us"].iloc[1] == pytest.approx(10.0 / np.sqrt(2.0))
     assert scaled(rows, 1.0, reference_us=40.0)["median_us"].tolist() == [20.0, 10.0, 20.0, 10.0]

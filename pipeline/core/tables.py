@@ -66,7 +66,7 @@ CONTRACT: dict[str, Table] = {
          "free_us_per_page": ">0?", "free_from_bytes": ">0?"}),
     "gemm_samples": _sample(GEMM, {"grid": "str", "fault_us_per_page": "float", "fault_from_bytes": "float",
                                             "weight_cache_bytes": "float",
-                                            "kept_us": "float", "held_us": "float", "repeat_us": "float",
+                                            "kept_us": "float", "held_us": "float", "held_faults": "float", "repeat_us": "float",
                                             "repeat_stalled": "bool"},
                            {"fault_from_bytes": ">0?"}),
     "utility_samples": _sample({"op": "str", "dtype": "str", "rows": "int", "cols": "int", "shape": "str",

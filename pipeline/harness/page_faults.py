@@ -57,23 +57,28 @@ LADDER_MB = (8, 16, 32, 64, 128)  # around glibc's 32 MiB cap on its dynamic mma
 LADDER_REPS, LADDER_KEPT = 10, 5
 
 
-def held_output_us(fn, reps: int = 5) -> float:
+def held_output_us(fn, reps: int = 5) -> tuple[float, float]:
     """Median µs of `fn()` (a call returning a fresh tensor) while the previous call's output is
     still held, each dropped only after the next call returned, outside the timing: how an op of a
     step runs, whose output lives past it (a returned one is freed at the step's end). The
     harness's timing drops each output inside its timed loop, so a faulting row's time there also
     holds the free of a large block: on the Zen 5 EPYC VM (2026-11-30), linear float32
     512-1024 x 50257 x 128-256 paid 0.56-0.64 us a page to fault its output in, 0.32 to free it,
-    and 0.90-1.03 timed the harness's way."""
+    and 0.90-1.03 timed the harness's way. Returns (median µs, minor faults per call): holding
+    the previous output can change which calls fault (a heap block freed below a live one is
+    reused), so its faults are counted here, not taken from the harness's timing. CPU only: it
+    never synchronizes a device."""
     prev = fn()
     times = []
+    f0 = minor_faults()
     for _ in range(max(1, reps)):
         t0 = time.perf_counter()
         out = fn()
         times.append(time.perf_counter() - t0)
         prev = out  # noqa: F841 - the previous output is freed here, untimed
+    faults = (minor_faults() - f0) / max(1, reps)
     del prev
-    return float(np.median(times)) * 1e6
+    return float(np.median(times)) * 1e6, float(faults)
 
 
 def fault_from_bytes(adapt_bytes: int = 0, sizes_mb=LADDER_MB, timeout_s: float = 120.0) -> float | None:

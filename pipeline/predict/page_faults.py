@@ -67,11 +67,12 @@ def kept_us_per_page(rows: pd.DataFrame) -> float | None:
     both = rows[np.isfinite(rows["kept_us"].to_numpy(float)) & (rows["faults_per_call"] > 0)]
     if both.empty:
         return None
-    fresh = both["median_us"].to_numpy(float)
-    if "held_us" in both:
-        held = both["held_us"].to_numpy(float)
-        fresh = np.where(np.isfinite(held) & (held > 0), held, fresh)
-    return float(np.median(np.maximum(fresh - both["kept_us"].to_numpy(float), 0.0) / both["faults_per_call"]))
+    fresh, faults = both["median_us"].to_numpy(float), both["faults_per_call"].to_numpy(float)
+    if "held_us" in both and "held_faults" in both:  # the held timing's own count
+        held, held_faults = both["held_us"].to_numpy(float), both["held_faults"].to_numpy(float)
+        use = np.isfinite(held) & (held > 0) & np.isfinite(held_faults) & (held_faults > 0)
+        fresh, faults = np.where(use, held, fresh), np.where(use, held_faults, faults)
+    return float(np.median(np.maximum(fresh - both["kept_us"].to_numpy(float), 0.0) / faults))
 
 
 @dataclass

@@ -27,7 +27,7 @@ BETAS = (0.0, 0.25, 0.5, 0.75, 1.0)
 FOLDS = 5
 # what the fits read in microseconds (fault_us_per_page: per page, subtracted per fault;
 # backward_call_us: the embedding backward's call overhead, subtracted from its rows)
-TIMES = ("median_us", "p20_us", "p80_us", "kept_us", "cold_us", "fault_us_per_page", "backward_call_us")
+TIMES = ("median_us", "p20_us", "p80_us", "kept_us", "held_us", "cold_us", "fault_us_per_page", "backward_call_us")
 # fewer probed training rows than this per fold and the choice is not attempted
 MIN_ROWS_PER_FOLD = 10
 # folds are dealt within each group a model fits apart, so each group trains in every fold

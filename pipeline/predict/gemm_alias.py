@@ -25,7 +25,7 @@ import numpy as np
 import pandas as pd
 
 from pipeline.core.dtypes import element_bytes
-from pipeline.predict.gemm_grids import LINE_BYTES
+from pipeline.predict.gemm_grids import LINE_BYTES, is_aligned
 from pipeline.predict.geometry import bilinear, grid_position
 
 ALIAS_GRID = "off_alias_n"  # gemm_samples.grid of the twins (sweeps/gemm_points.py)
@@ -34,7 +34,7 @@ ALIAS_BYTES = 4096
 
 def rows_alias(n, dtype: str) -> np.ndarray:
     """Whether output rows of `n` elements of `dtype` are a whole multiple of ALIAS_BYTES long."""
-    return (np.asarray(n, dtype=np.int64) * element_bytes(dtype)) % ALIAS_BYTES == 0
+    return is_aligned(n, dtype, ALIAS_BYTES)
 
 
 def short_k(k, dtype: str) -> np.ndarray:
@@ -69,7 +69,7 @@ def alias_grid(base: pd.DataFrame, twins: pd.DataFrame, waves: np.ndarray, ks: n
     pair = pair.assign(log=np.log(pair["median_us"] / pair["median_us_base"]) - extra)
     cells = pair.pivot_table(index="waves", columns="k", values="log", aggfunc="median")
     out = np.zeros((waves.size, ks.size))
-    aliased_rows = set(b["waves"].astype(float))
+    aliased = np.isin(waves, b["waves"].to_numpy(float))  # wave rows whose base rows alias
     lw = np.log2(waves)
     for j, k in enumerate(ks):
         if k not in cells.columns:
@@ -81,7 +81,7 @@ def alias_grid(base: pd.DataFrame, twins: pd.DataFrame, waves: np.ndarray, ks: n
         lo = np.clip(np.arange(vals.size) - 1, 0, max(vals.size - 3, 0))  # three rows, shifted in at the ends
         smooth = np.minimum([np.median(vals[i:i + 3]) for i in lo], 0.0)
         filled = np.interp(lw, np.log2(col.index.to_numpy(float)), smooth)
-        out[:, j] = np.where([w in aliased_rows for w in waves], filled, 0.0)
+        out[:, j] = np.where(aliased, filled, 0.0)
     return out
 
 

@@ -60,9 +60,9 @@ def hot_rows(samples: pd.DataFrame) -> pd.DataFrame:
     return samples[~is_cold(samples)]
 
 
-def is_aligned(dim, dtype: str) -> np.ndarray:
-    """Whether a row of `dim` elements of `dtype` fills whole cache lines."""
-    return (np.asarray(dim, dtype=np.int64) * element_bytes(dtype)) % LINE_BYTES == 0
+def is_aligned(dim, dtype: str, unit: int = LINE_BYTES) -> np.ndarray:
+    """Whether a row of `dim` elements of `dtype` fills whole cache lines (or units of `unit` bytes)."""
+    return (np.asarray(dim, dtype=np.int64) * element_bytes(dtype)) % unit == 0
 
 
 def ends_mid_line(dim, dtype: str) -> np.ndarray:

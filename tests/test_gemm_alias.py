@@ -13,9 +13,10 @@ from pipeline.predict.geometry import whole_wave_shape
 KS = (2, 4, 64)
 
 
-def _sweep(twin_speed: float | None, outlier: float | None = None) -> pd.DataFrame:
+def _sweep(twin_speed: float | None, outlier: float | None = None, classes: dict | None = None) -> pd.DataFrame:
     """A made-up CPU (1 x 1 tile, 2 slots): time linear in waves and K; twins one line wider at
-    the short K of the cells whose rows alias, `twin_speed` x their base beyond the extra FLOPs."""
+    the short K of the cells whose rows alias, `twin_speed` x their base beyond the extra FLOPs;
+    `classes`: more twins, {elements wider: speed}."""
     rows = []
     for w in (4 ** i for i in range(12)):
         m, n = whole_wave_shape(w, 1, 1, 2)
@@ -29,9 +30,10 @@ def _sweep(twin_speed: float | None, outlier: float | None = None) -> pd.DataFra
     speed = np.full(len(pick), twin_speed)
     if outlier is not None:  # one twin, at K = 2 of the second aliasing row, timed apart from the rest
         speed[np.flatnonzero(pick["k"].to_numpy() == 2)[1]] = outlier
-    twins = pick.assign(n=pick["n"] + 16, grid=ALIAS_GRID,
-                        median_us=pick["median_us"] * (pick["n"] + 16) / pick["n"] * speed)
-    return pd.concat([base, twins], ignore_index=True)
+    twins = [pick.assign(n=pick["n"] + step, grid=ALIAS_GRID,
+                         median_us=pick["median_us"] * (pick["n"] + step) / pick["n"] * sp)
+             for step, sp in {16: speed, **(classes or {})}.items()]
+    return pd.concat([base, *twins], ignore_index=True)
 
 
 def test_short_k_shapes_whose_rows_do_not_alias_take_the_twins_speed():
@@ -51,6 +53,38 @@ def test_short_k_shapes_whose_rows_do_not_alias_take_the_twins_speed():
     again = GemmModel.from_dict(json.loads(json.dumps(fixed.to_dict())))
     assert float(again.predict("mm", "float32", 882, 1973, 2)) == pytest.approx(float(fixed.predict("mm", "float32", 882, 1973, 2)))
     assert table.alias_log is not None and "alias_log" not in plain.table("mm", "float32").to_dict()
+
+
+def test_each_class_of_row_length_takes_its_own_twins_speed():
+    """Twins 1 KiB and 2 KiB wider as well (float32: 256 and 512 elements): rows of an odd
+    multiple of 2 KiB alias every second row, of 1 KiB every fourth; each prices its own class."""
+    plain = GemmModel.fit(_sweep(None))
+    fixed = GemmModel.fit(_sweep(0.25, classes={256: 0.5, 512: 0.75}))
+
+    def ratio(m, n, k=2):
+        return float(fixed.predict("mm", "float32", m, n, k)) / float(plain.predict("mm", "float32", m, n, k))
+
+    assert ratio(1000, 1536) == pytest.approx(0.75)  # 6 KiB rows: the 2 KiB class
+    assert ratio(1000, 2560) == pytest.approx(0.75)  # 10 KiB
+    assert ratio(1000, 1280) == pytest.approx(0.5)  # 5 KiB: the 1 KiB class
+    assert ratio(1000, 1152) == pytest.approx(0.25 ** 0.25 * 0.5 ** 0.75)  # 512 B: between line and 1 KiB, in log2
+    assert ratio(882, 1973) == pytest.approx(0.25)  # rows ending mid line: the line class
+    assert ratio(1024, 2048) == pytest.approx(1.0)  # 4 KiB multiples: the table's own
+    table = fixed.table("mm", "float32")
+    assert table.alias_bytes.tolist() == [64.0, 1024.0, 2048.0] and table.alias_log.shape[0] == 3
+    again = GemmModel.from_dict(json.loads(json.dumps(fixed.to_dict())))
+    assert float(again.predict("mm", "float32", 1000, 1280, 2)) == pytest.approx(float(fixed.predict("mm", "float32", 1000, 1280, 2)))
+
+
+def test_a_model_saved_with_line_twins_alone_loads_and_prices_as_before():
+    fixed = GemmModel.fit(_sweep(0.25))
+    d = json.loads(json.dumps(fixed.to_dict()))
+    for t in d["tables"]:  # as saved before the classes: one (waves x K) grid, no alias_bytes
+        if "alias_log" in t:
+            t["alias_log"], _ = t["alias_log"][0], t.pop("alias_bytes")
+    old = GemmModel.from_dict(d)
+    for n in (1973, 1280, 1536):
+        assert float(old.predict("mm", "float32", 1000, n, 2)) == pytest.approx(float(fixed.predict("mm", "float32", 1000, n, 2)))
 
 
 def test_one_twin_off_its_neighbours_or_slower_than_its_base_does_not_price_alone():
@@ -83,6 +117,9 @@ def test_the_cpu_sweep_twins_short_k_cells_whose_rows_alias(cpu):
     twins = [p for p in pts if p.grid == ALIAS_GRID]
     bases = {(p.op, p.dtype, p.batch, p.m, p.n, p.k) for p in pts if p.grid == "waves"}
     assert twins and all(short_k(p.k, p.dtype) and not rows_alias(p.n, p.dtype) for p in twins)
-    step = {"float32": 16, "bfloat16": 32}
-    assert all((p.op, p.dtype, p.batch, p.m, p.n - step[p.dtype], p.k) in bases for p in twins)
+    steps = {"float32": (16, 256, 512), "bfloat16": (32, 512, 1024)}  # a line, 1 KiB, 2 KiB
+    for dtype, wider in steps.items():
+        of_dtype = [p for p in twins if p.dtype == dtype]
+        per_step = [sum((p.op, p.dtype, p.batch, p.m, p.n - step, p.k) in bases for p in of_dtype) for step in wider]
+        assert per_step == [len(of_dtype) // len(wider)] * len(wider) and len(of_dtype) % len(wider) == 0
     assert {p.k for p in twins if p.dtype == "float32"} == {1, 2, 4, 8, 16}

@@ -46,14 +46,18 @@ class GemmTable(DataclassJSON):
     # through a pool past the cache, sweeps/gemm_points.py) than hot, over the same (M x N) lattice
     cold_log: np.ndarray | None = None
     # CPU: log of how a short-K shape whose output rows are not a multiple of 4 KiB runs beside
-    # the table's, whose rows are, over the table's own (waves x K) cells (gemm_alias.py)
-    alias_log: np.ndarray | None = None
+    # the table's, whose rows are, per class of row length (alias_bytes: what is left of a row
+    # mod 4 KiB, as a power of two) over the table's own (waves x K) cells (gemm_alias.py)
+    alias_log: np.ndarray | None = None  # (C x W x K)
+    alias_bytes: np.ndarray | None = None  # (C,)
 
     def __post_init__(self):
         for name in _GRIDS:  # JSON gives lists back
             value = getattr(self, name)
             if value is not None:
                 setattr(self, name, np.asarray(value, float))
+        if self.alias_log is not None and self.alias_log.ndim == 2:  # saved before the classes: line twins
+            self.alias_log, self.alias_bytes = self.alias_log[None], np.array([float(LINE_BYTES)])
 
     def to_dict(self) -> dict:
         d = super().to_dict()
@@ -86,7 +90,7 @@ class GemmTable(DataclassJSON):
         padded_flops = (2.0 * self.slots * self.tile_m * self.tile_n / self.split_k) * w * kk
         hot = padded_flops / self.throughput(w, kk) * self.aspect_factor(m, n, k) * self.alignment_factor(m, n, k)
         if self.alias_log is not None:
-            hot = hot * alias_factor(self.alias_log, self.waves, self.ks, w, n, kk, self.dtype)
+            hot = hot * alias_factor(self.alias_log, self.alias_bytes, self.waves, self.ks, w, n, kk, self.dtype)
         return hot if not cold or self.cold_log is None else hot * np.exp(cold * self._on_lattice(self.cold_log, m, n))
 
     def _on_lattice(self, g: np.ndarray, m, n) -> np.ndarray:
@@ -218,8 +222,9 @@ class GemmTable(DataclassJSON):
     def with_alias(self, base: pd.DataFrame, twins: pd.DataFrame) -> "GemmTable":
         """This table with its correction for short-K shapes whose rows do not alias, fitted on
         `base` (its whole-wave rows) and `twins` (its ALIAS_GRID rows); unchanged without twins."""
-        grid = alias_grid(base, twins, self.waves, self.ks, self.dtype) if len(twins) else None
-        return self if grid is None else replace(self, alias_log=grid)
+        got = alias_grid(base, twins, self.waves, self.ks, self.dtype) if len(twins) else None
+        return self if got is None else replace(self, alias_bytes=got[0], alias_log=got[1])
 
 
-_GRIDS = ("aspect_m", "aspect_n", "aspect_log", "aspect_k", *UNALIGNED_GRIDS, "cold_log", "alias_log")
+_GRIDS = ("aspect_m", "aspect_n", "aspect_log", "aspect_k", *UNALIGNED_GRIDS, "cold_log", "alias_log",
+          "alias_bytes")

@@ -12,7 +12,7 @@ import numpy as np
 from pipeline.core.dtypes import dtypes_for, element_bytes
 from pipeline.core.ops import GEMM_OPS
 from pipeline.device.discover import DeviceIdentity
-from pipeline.predict.gemm_alias import ALIAS_GRID, rows_alias, short_k, twin_step
+from pipeline.predict.gemm_alias import ALIAS_GRID, rows_alias, short_k, twin_steps
 from pipeline.predict.gemm_batch import BATCH_GRID
 from pipeline.predict.gemm_grids import COLD_GRID, COLD_HELDOUT, LINE_BYTES
 from pipeline.predict.gemm_narrow import NARROW_GRID
@@ -175,12 +175,13 @@ def unaligned_twins(grid: list[GemmPoint], k: int) -> list[GemmPoint]:
 
 def alias_twins(dev: DeviceIdentity, profile: Profile, train: list[GemmPoint]) -> list[GemmPoint]:
     """CPU: each whole-wave point with a K of at most one cache line whose output rows are a
-    multiple of 4 KiB, again one line wider (predict/gemm_alias.py): short-K shapes of other
-    widths ran up to 5x faster than the grid's on the Zen 5 EPYC VM."""
+    multiple of 4 KiB, again one line, 1 KiB and 2 KiB wider (predict/gemm_alias.py): short-K
+    shapes of other widths ran up to 5x faster than the grid's on the Zen 5 EPYC VM."""
     if dev.kind != "cpu" or not profile.gemm_aspect_k:
         return []
-    return [replace(p, n=p.n + twin_step(p.dtype), grid=ALIAS_GRID) for p in train
-            if p.grid == "waves" and short_k(p.k, p.dtype) and rows_alias(p.n, p.dtype)]
+    return [replace(p, n=p.n + step, grid=ALIAS_GRID) for p in train
+            if p.grid == "waves" and short_k(p.k, p.dtype) and rows_alias(p.n, p.dtype)
+            for step in twin_steps(p.dtype)]
 
 
 def lattice_sides(top: int) -> list[int]:

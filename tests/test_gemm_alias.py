@@ -44,6 +44,7 @@ def test_short_k_shapes_whose_rows_do_not_alias_take_the_twins_speed():
         return float(fixed.predict("mm", "float32", m, n, k)) / float(plain.predict("mm", "float32", m, n, k))
 
     assert ratio(882, 1973, 2) == pytest.approx(0.25)  # between two aliasing rows, not aliasing itself
+    assert ratio(1000, 1536, 2) == pytest.approx(0.25)  # line twins alone: every class takes theirs
     assert ratio(1024, 2048, 2) == pytest.approx(1.0)  # rows of 8 KiB: the table's own shapes
     assert ratio(1024, 3072, 4) == pytest.approx(1.0)  # 12 KiB rows alias too
     assert ratio(882, 1973, 64) == pytest.approx(1.0)  # K past a line: not twinned, not corrected
@@ -83,8 +84,35 @@ def test_a_model_saved_with_line_twins_alone_loads_and_prices_as_before():
         if "alias_log" in t:
             t["alias_log"], _ = t["alias_log"][0], t.pop("alias_bytes")
     old = GemmModel.from_dict(d)
-    for n in (1973, 1280, 1536):
+    plain = GemmModel.fit(_sweep(None))
+    table = old.table("mm", "float32")
+    assert table.alias_bytes.tolist() == [64.0] and table.alias_log.ndim == 3
+    for n in (1973, 1152, 1280, 1536):  # every class prices as the line class, as before the classes
+        assert float(old.predict("mm", "float32", 1000, n, 2)) / float(plain.predict("mm", "float32", 1000, n, 2)) \
+            == pytest.approx(0.25)
         assert float(old.predict("mm", "float32", 1000, n, 2)) == pytest.approx(float(fixed.predict("mm", "float32", 1000, n, 2)))
+
+
+def test_a_class_not_twinned_at_one_k_takes_the_nearest_class_there():
+    plain = GemmModel.fit(_sweep(None))
+    whole = _sweep(0.25, classes={256: 0.5, 512: 0.75})
+    n = whole["n"].to_numpy()
+    lost = (whole["grid"] == ALIAS_GRID) & (whole["k"] == 4) & ((n * 4) % 4096 == 2048)  # the 2 KiB twins at K = 4
+    fixed = GemmModel.fit(whole[~lost])
+
+    def ratio(n, k):
+        return float(fixed.predict("mm", "float32", 1000, n, k)) / float(plain.predict("mm", "float32", 1000, n, k))
+
+    assert ratio(1536, 4) == pytest.approx(0.5)  # the 1 KiB class's, not the aliasing base's rate
+    assert ratio(1536, 2) == pytest.approx(0.75)
+
+
+def test_a_table_with_classes_but_no_class_sizes_is_refused():
+    d = GemmModel.fit(_sweep(0.25, classes={256: 0.5})).to_dict()
+    for t in d["tables"]:
+        t.pop("alias_bytes", None)
+    with pytest.raises(ValueError, match="alias_bytes"):
+        GemmModel.from_dict(json.loads(json.dumps(d)))
 
 
 def test_one_twin_off_its_neighbours_or_slower_than_its_base_does_not_price_alone():

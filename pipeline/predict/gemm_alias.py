@@ -76,6 +76,7 @@ def alias_grid(base: pd.DataFrame, twins: pd.DataFrame, waves: np.ndarray, ks: n
     twinned cell of its K in log2 waves; None where no twin pairs with a base."""
     keys = ["batch", "m", "k"]
     b = base[rows_alias(base["n"], dtype)].groupby([*keys, "n", "waves"], as_index=False)["median_us"].median()
+    twins = twins[~rows_alias(twins["n"], dtype)]  # a twin is never a multiple itself
     step = row_class(twins["n"], dtype) // element_bytes(dtype)
     t = twins.assign(step=step, n=twins["n"] - step)
     pair = t.groupby([*keys, "n", "step"], as_index=False)["median_us"].median().merge(
@@ -87,13 +88,31 @@ def alias_grid(base: pd.DataFrame, twins: pd.DataFrame, waves: np.ndarray, ks: n
     aliased = np.isin(waves, b["waves"].to_numpy(float))  # wave rows whose base rows alias
     steps = sorted(pair["step"].unique())
     out = np.stack([_class_grid(pair[pair["step"] == s], waves, ks, aliased) for s in steps])
-    return np.array(steps, float) * element_bytes(dtype), out
+    classes = np.array(steps, float) * element_bytes(dtype)
+    return classes, _fill_across_classes(out, np.log2(classes))
+
+
+def _fill_across_classes(grid: np.ndarray, log_classes: np.ndarray) -> np.ndarray:
+    """A class not twinned at some K (a point left out) takes the nearest class's column there,
+    in log2 of the class; a K no class twinned (past a line) corrects nothing. Read as 0, a
+    missing column would price that class at the aliasing base's rate."""
+    out = grid.copy()
+    for j in range(grid.shape[2]):
+        have = ~np.isnan(grid[:, 0, j])
+        if not have.any():
+            out[:, :, j] = 0.0
+            continue
+        for c in np.flatnonzero(~have):
+            near = np.flatnonzero(have)[np.argmin(np.abs(log_classes[have] - log_classes[c]))]
+            out[c, :, j] = grid[near, :, j]
+    return out
 
 
 def _class_grid(pair: pd.DataFrame, waves: np.ndarray, ks: np.ndarray, aliased: np.ndarray) -> np.ndarray:
-    """One class's (waves x K) grid from its paired rows (columns waves, k, log)."""
+    """One class's (waves x K) grid from its paired rows (columns waves, k, log); NaN columns at
+    the K it has no pairs at."""
     cells = pair.pivot_table(index="waves", columns="k", values="log", aggfunc="median")
-    out = np.zeros((waves.size, ks.size))
+    out = np.full((waves.size, ks.size), np.nan)
     lw = np.log2(waves)
     for j, k in enumerate(ks):
         if k not in cells.columns:

@@ -46,8 +46,8 @@ class GemmTable(DataclassJSON):
     # through a pool past the cache, sweeps/gemm_points.py) than hot, over the same (M x N) lattice
     cold_log: np.ndarray | None = None
     # CPU: log of how a short-K shape whose output rows are not a multiple of 4 KiB runs beside
-    # the table's, whose rows are, per class of row length (alias_bytes: what is left of a row
-    # mod 4 KiB, as a power of two) over the table's own (waves x K) cells (gemm_alias.py)
+    # the table's, whose rows are, per class of row length (alias_bytes: the largest power of two
+    # up to 4 KiB that divides a row) over the table's own (waves x K) cells (gemm_alias.py)
     alias_log: np.ndarray | None = None  # (C x W x K)
     alias_bytes: np.ndarray | None = None  # (C,)
 
@@ -58,6 +58,9 @@ class GemmTable(DataclassJSON):
                 setattr(self, name, np.asarray(value, float))
         if self.alias_log is not None and self.alias_log.ndim == 2:  # saved before the classes: line twins
             self.alias_log, self.alias_bytes = self.alias_log[None], np.array([float(LINE_BYTES)])
+        if self.alias_log is not None and (self.alias_bytes is None or self.alias_bytes.size != self.alias_log.shape[0]):
+            raise ValueError(f"GemmTable {self.op}/{self.dtype}/{self.kernel}: alias_log has "
+                             f"{self.alias_log.shape[0]} classes but alias_bytes is {self.alias_bytes}")
 
     def to_dict(self) -> dict:
         d = super().to_dict()

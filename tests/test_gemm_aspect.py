@@ -116,9 +116,34 @@ def test_the_cpu_sweep_has_unaligned_twins_of_the_aspect_cells(cpu):
              if p.grid == "aspect" and p.k == profile.gemm_twin_k and TWO not in (p.m, p.n)}
     twins_n = {(p.op, p.dtype, p.m, p.n - 1, p.k) for p in pts if p.grid == "unaligned_n"}
     twins_k = {(p.op, p.dtype, p.m, p.n, p.k - 1) for p in pts if p.grid == "unaligned_k"}
-    assert cells and cells <= twins_n and cells <= twins_k
+    within = {c for c in cells if c[2] * c[3] <= profile.max_gemm_outputs}
+    assert within and cells <= twins_n and within <= twins_k
+    assert all(m * n <= profile.max_gemm_outputs for _, _, m, n, _ in twins_k)  # none past the cap
     # the twins sit at the profile's twin K only, whatever other K the aspect grid has
     assert {p.k for p in pts if p.grid == "unaligned_n"} == {profile.gemm_twin_k} != set(profile.gemm_aspect_k)
+
+
+def test_the_aspect_grid_reaches_past_the_whole_wave_cap_at_the_twin_k_alone(cpu):
+    """The output class an LM head at batch 8 falls in (1024 x 50257) is past the whole-wave
+    grid's cap: the aspect grid times it up to max_aspect_outputs, at the twin K only, whatever
+    the FLOP cap says, with N twins; without max_aspect_outputs nothing past the cap is timed."""
+    from dataclasses import replace
+
+    from pipeline.sweeps.gemm_points import sweep_points
+    from pipeline.sweeps.profiles import get_profile
+
+    profile = get_profile("quick", "cpu")
+    assert profile.max_aspect_outputs > profile.max_gemm_outputs
+    pts = sweep_points(cpu, profile, {})
+    past = [p for p in pts if p.grid in ("aspect", "unaligned_n", "unaligned_k")
+            and p.batch * p.m * p.n > profile.max_gemm_outputs]
+    assert {(p.op, p.m, p.n) for p in past if p.grid == "aspect"} >= {("linear", 1024, 65536), ("mm", 65536, 1024)}
+    assert {p.k for p in past} == {profile.gemm_twin_k}
+    assert all(p.batch * p.m * (p.n - (p.grid == "unaligned_n")) <= profile.max_aspect_outputs for p in past)
+    assert {p.grid for p in past} == {"aspect", "unaligned_n"}
+    assert max(p.flops for p in past) > (profile.max_aspect_flops or profile.max_point_flops)
+    without = sweep_points(cpu, replace(profile, max_aspect_outputs=None), {})
+    assert not [p for p in without if p.grid in ("aspect", "unaligned_n") and p.batch * p.m * p.n > profile.max_gemm_outputs]
 
 
 def test_the_aspect_correction_follows_k(synthetic_gemm_model):

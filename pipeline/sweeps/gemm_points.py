@@ -126,21 +126,34 @@ BMM_ASPECT_BATCH = 16
 
 def _lattice(dev: DeviceIdentity, profile: Profile, ops: tuple[str, ...], batch: int, top: int) -> list[GemmPoint]:
     """`ops` at `batch` over M, N in powers of 4 up to `top`, rows and columns of two, at the
-    aspect K values within the caps (counted over the batch), and the unaligned twins."""
+    aspect K values within the caps (counted over the batch), the unaligned twins, and the
+    output class past the whole-wave cap (`max_aspect_outputs`) at the twin K alone."""
     sides = [s for s in lattice_sides(top) if s != TWO]
     cap = profile.max_aspect_flops or profile.max_point_flops
+    twin_k = profile.gemm_twin_k or min(profile.gemm_aspect_k)
+
+    def fits(outputs: int, k: int) -> bool:
+        if outputs <= profile.max_gemm_outputs:
+            return 2 * outputs * k <= cap
+        # Past the whole-wave grid's outputs, one K with its N twins: an LM head's output (GPT-2
+        # at batch 8: 1024 x 50257, 206 MB) was priced from the 1024 x 16384 cell, its
+        # throughput held, and a neighbourhood of twins four times smaller, 13 % under its
+        # kept time (Zen 5 EPYC VM, 2026-11-30; docs/methods.md). The FLOP cap is not applied:
+        # the call budget (gemm_max_call_s) leaves out what a slow CPU cannot time.
+        return outputs <= (profile.max_aspect_outputs or 0) and k == twin_k
 
     def cells(ms, ns):
         return [GemmPoint(op, dtype, batch, m, n, k, False, "aspect") for dtype in dtypes_for(dev.kind)
-                for op in ops for k in profile.gemm_aspect_k for m in ms for n in ns
-                if batch * m * n <= profile.max_gemm_outputs and 2 * batch * m * n * k <= cap]
+                for op in ops for k in profile.gemm_aspect_k for m in ms for n in ns if fits(batch * m * n, k)]
 
     grid = cells(sides, sides)
     # Two rows (columns) as well: between one, a GEMV, and four a BLAS changes kernels, and a
     # line through the two prices neither (Xeon VM, mm float32 166 x 2 x 452: 21 us, priced 8.4).
     # The twins stay on the powers of 4: a two-column row is shorter than a cache line.
     two = cells([TWO], [*sides, TWO]) + cells(sides, [TWO])
-    return grid + two + unaligned_twins(grid, profile.gemm_twin_k or min(profile.gemm_aspect_k))
+    # the large class's K twin is left out: its K is a model's width, and its time a sweep's minutes
+    twins = [p for p in unaligned_twins(grid, twin_k) if p.grid == "unaligned_n" or fits(batch * p.m * p.n, 1)]
+    return grid + two + twins
 
 
 BATCH_SIZES = (1, 4, 16, 64, 256)  # the batch grid: powers of 4, up to attention's batch x heads

@@ -68,6 +68,9 @@ class Profile:
     # its measured time. A CPU GEMM of 4e10 FLOPs takes ~0.1 s, so these rows are few and cheap.
     max_wave_flops: float | None = None
     max_aspect_flops: float | None = None
+    # CPU: the aspect grid's cells past max_gemm_outputs, up to this many outputs, at the twin K
+    # with their N twins (sweeps/gemm_points.py _lattice); None: none past it
+    max_aspect_outputs: int | None = None
     # CPU: the longest one call of a GEMM point may take at its dtype's rate, measured at the
     # start of the sweep (sweeps/gemm.py). The FLOP caps assume the dtype runs in hardware; a CPU
     # without bf16 instructions runs it in ATen's scalar loop (AMD EPYC family 25 model 1, AVX2:
@@ -148,7 +151,7 @@ PROFILES = {
         name="quick", k_values=CPU_K, wave_step=4, max_gemm_outputs=1 << 25, max_point_flops=4e9,
         heldout_per_op=40, heldout_max_mn=2048, heldout_max_k=2048, heldout_max_bmm=512, utility_max_elems=1 << 22,
         utility_heldout_per_op=12, gemm_timing=_CPU_TIMING, utility_timing=_CPU_TIMING, gemm_aspect_k=(64, 256, 1024), gemm_aspect_max=65536,
-        max_wave_flops=4e10, max_aspect_flops=1.6e10,
+        max_wave_flops=4e10, max_aspect_flops=1.6e10, max_aspect_outputs=1 << 26,
         gemm_twin_k=256, gemm_cold_weights=True, gemm_batch_k=(16, 64, 256, 1024),
         gemm_narrow_cells=((64, 256), (1024, 64)),
         workload_configs="quick", workload_batches=(1, 4, 8), workload_seqs=(128,),

@@ -167,3 +167,6 @@ def test_a_shortened_profile_drops_only_the_gemm_points_past_its_caps(monkeypatc
     flops = lambda p: 2 * p.batch * p.m * p.n * p.k  # noqa: E731
     assert all(flops(p) > min(short.max_aspect_flops, short.max_point_flops) for p in full - kept)
     assert {(p.op, p.dtype, p.k) for p in kept} == {(p.op, p.dtype, p.k) for p in full}  # every K still timed
+    # the cells past the whole-wave outputs, which no FLOP cap bounds, are left out too
+    assert any(p.batch * p.m * p.n > plain.max_gemm_outputs for p in full)
+    assert not [p for p in kept if p.batch * p.m * p.n > short.max_gemm_outputs]

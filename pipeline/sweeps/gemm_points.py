@@ -151,8 +151,9 @@ def _lattice(dev: DeviceIdentity, profile: Profile, ops: tuple[str, ...], batch:
     # line through the two prices neither (Xeon VM, mm float32 166 x 2 x 452: 21 us, priced 8.4).
     # The twins stay on the powers of 4: a two-column row is shorter than a cache line.
     two = cells([TWO], [*sides, TWO]) + cells(sides, [TWO])
-    # the large class's K twin is left out: its K is a model's width, and its time a sweep's minutes
-    twins = [p for p in unaligned_twins(grid, twin_k) if p.grid == "unaligned_n" or fits(batch * p.m * p.n, 1)]
+    # the large class's K twin is left out: its K is a model's width, and each point costs seconds
+    twins = [p for p in unaligned_twins(grid, twin_k)
+             if p.grid == "unaligned_n" or batch * p.m * p.n <= profile.max_gemm_outputs]
     return grid + two + twins
 
 
@@ -266,8 +267,10 @@ def cold_points(dev: DeviceIdentity, profile: Profile, cache_bytes: int | None,
 
     k = max(profile.gemm_aspect_k)
     # on the powers of 4, as the unaligned twins: the fit fills the rows of 2 from beside them
+    # the cells past the whole-wave outputs (max_aspect_outputs) are not: each costs seconds
     grid = [replace(p, grid=COLD_GRID) for p in aspect_points(dev, profile)
-            if p.grid == "aspect" and p.k == k and TWO not in (p.m, p.n)]
+            if p.grid == "aspect" and p.k == k and TWO not in (p.m, p.n)
+            and p.batch * p.m * p.n <= profile.max_gemm_outputs]
     return [p for p in grid if rotates(p)] + [replace(p, grid=COLD_HELDOUT) for p in heldout if rotates(p)]
 
 

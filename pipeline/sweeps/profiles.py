@@ -68,8 +68,9 @@ class Profile:
     # its measured time. A CPU GEMM of 4e10 FLOPs takes ~0.1 s, so these rows are few and cheap.
     max_wave_flops: float | None = None
     max_aspect_flops: float | None = None
-    # CPU: the aspect grid's cells past max_gemm_outputs, up to this many outputs, at the twin K
-    # with their N twins (sweeps/gemm_points.py _lattice); None: none past it
+    # CPU: the aspect grid's cells past max_gemm_outputs, up to this many outputs (counted over
+    # the batch), at the twin K alone (none if it is not an aspect K), with their N twins and no
+    # FLOP cap (sweeps/gemm_points.py _lattice); None: none past max_gemm_outputs
     max_aspect_outputs: int | None = None
     # CPU: the longest one call of a GEMM point may take at its dtype's rate, measured at the
     # start of the sweep (sweeps/gemm.py). The FLOP caps assume the dtype runs in hardware; a CPU
@@ -233,7 +234,10 @@ def get_profile(name: str, kind: str = "cpu") -> Profile:
     caps = dict(max_point_flops=prof.max_point_flops * shrink,
                 max_wave_flops=prof.max_wave_flops and prof.max_wave_flops * shrink,
                 max_aspect_flops=prof.max_aspect_flops and prof.max_aspect_flops * shrink,
-                gemm_max_call_s=prof.gemm_max_call_s * shrink)
+                gemm_max_call_s=prof.gemm_max_call_s * shrink,
+                # the aspect cells past the whole-wave outputs take no FLOP cap: a scaled run
+                # leaves the class out, as it leaves out the points past its shrunk caps
+                max_aspect_outputs=prof.max_aspect_outputs if shrink >= 1.0 else None)
     return replace(prof, stall_wait_s=prof.stall_wait_s * scale,  # and a workload step's counts here
                    workload_warmup=max(1, round(prof.workload_warmup * scale)),
                    workload_reps=max(3, round(prof.workload_reps * scale)),

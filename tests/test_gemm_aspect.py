@@ -191,6 +191,22 @@ def test_aspect_cells_under_one_wave_keep_their_own_error():
     assert kept[0, 2] == pytest.approx(rel[0, 2])
 
 
+def test_aspect_cells_past_the_tables_largest_output_keep_their_own_error():
+    """Past the whole-wave table's largest measured output the table holds its throughput: a
+    cell there keeps log(measured / table) rather than its size's square cell being the zero."""
+    import pandas as pd
+
+    from pipeline.predict.gemm_grids import relative_to_square
+
+    grid = pd.DataFrame([[0.0, 0.1, 0.4], [0.1, 0.0, 0.3], [0.2, 0.25, 0.2]], index=[1.0, 4.0, 16.0],
+                        columns=[1.0, 4.0, 16.0])
+    rel, kept = relative_to_square(grid), relative_to_square(grid, top=16.0)
+    assert rel[2, 2] == 0.0 and kept[2, 2] == pytest.approx(0.2)  # 256 outputs > 16: its own value
+    assert kept[1, 2] == pytest.approx(0.3) and kept[2, 1] == pytest.approx(0.25)  # 64 > 16 too
+    np.testing.assert_allclose(kept[:2, :2], rel[:2, :2])  # 16 outputs and under as before
+    assert kept[0, 2] == pytest.approx(rel[0, 2]) == pytest.approx(0.4 - 0.0)
+
+
 def test_aspect_correction_is_zero_at_the_square_cell_in_elements():
     import pandas as pd
 

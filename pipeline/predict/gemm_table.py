@@ -153,7 +153,7 @@ class GemmTable(DataclassJSON):
             grid = ratio[ratio["k"] == k].pivot_table(index="m", columns="n", values="log_ratio", aggfunc="median")
             grid = grid.reindex(index=ms, columns=ns)
             one_wave = float(self.tile_m * self.tile_n * self.slots) / batch  # per matrix
-            rel = relative_to_square(grid, one_wave)
+            rel = relative_to_square(grid, one_wave, top=one_wave * float(np.max(self.waves)))
             # a wide cell the caps skipped past its row's largest measured N runs as that cell,
             # linear in N; any other holds its row's nearest measured N's correction (the rows'
             # effect is what varies most: few rows spread the packing of B over little work).

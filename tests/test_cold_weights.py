@@ -165,7 +165,9 @@ def test_graphs_and_op_lists_are_priced_with_their_weights_share(synthetic_gemm_
 
 def test_the_cpu_sweep_has_cold_twins_of_large_enough_weights(cpu):
     from pipeline.predict.gemm_grids import COLD_GRID, COLD_HELDOUT
-    from pipeline.sweeps.gemm_points import ASPECT_OPS, cold_points, sweep_points
+    from dataclasses import replace
+
+    from pipeline.sweeps.gemm_points import ASPECT_OPS, aspect_points, cold_points, sweep_points
     from pipeline.sweeps.profiles import get_profile
 
     profile = get_profile("quick", "cpu")
@@ -180,6 +182,11 @@ def test_the_cpu_sweep_has_cold_twins_of_large_enough_weights(cpu):
     assert {(p.op, p.dtype, p.m, p.n, p.k) for p in grid} <= aspect | {
         (p.op, p.dtype, p.m, p.n, p.k) for p in pts if p.grid == "waves"}
     assert cold_points(cpu, profile, None, []) == [] and cold_points(cpu, get_profile("tiny", "cpu"), MB, []) == []
+    # with the twin K the largest aspect K, the cells past the whole-wave outputs get no cold twins
+    one_k = replace(profile, gemm_aspect_k=(256,), gemm_twin_k=256)
+    assert [p for p in aspect_points(cpu, one_k) if p.m * p.n > one_k.max_gemm_outputs]
+    assert cold_points(cpu, one_k, 64 * MB, []) and not [
+        p for p in cold_points(cpu, one_k, 64 * MB, []) if p.m * p.n > one_k.max_gemm_outputs]
 
 
 def test_drift_never_pairs_a_cold_twin_with_its_hot_shape():

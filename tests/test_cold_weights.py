@@ -164,9 +164,9 @@ def test_graphs_and_op_lists_are_priced_with_their_weights_share(synthetic_gemm_
 
 
 def test_the_cpu_sweep_has_cold_twins_of_large_enough_weights(cpu):
-    from pipeline.predict.gemm_grids import COLD_GRID, COLD_HELDOUT
     from dataclasses import replace
 
+    from pipeline.predict.gemm_grids import COLD_GRID, COLD_HELDOUT
     from pipeline.sweeps.gemm_points import ASPECT_OPS, aspect_points, cold_points, sweep_points
     from pipeline.sweeps.profiles import get_profile
 

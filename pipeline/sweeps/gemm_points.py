@@ -124,6 +124,12 @@ def aspect_points(dev: DeviceIdentity, profile: Profile) -> list[GemmPoint]:
 BMM_ASPECT_BATCH = 16
 
 
+def past_whole_wave(p: GemmPoint, profile: Profile) -> bool:
+    """Whether `p` has more outputs (over its batch) than the whole-wave grid times: the aspect
+    cells of `max_aspect_outputs`, timed at one K, without K or cold twins."""
+    return p.batch * p.m * p.n > profile.max_gemm_outputs
+
+
 def _lattice(dev: DeviceIdentity, profile: Profile, ops: tuple[str, ...], batch: int, top: int) -> list[GemmPoint]:
     """`ops` at `batch` over M, N in powers of 4 up to `top`, rows and columns of two, at the
     aspect K values within the caps (counted over the batch), the unaligned twins, and the
@@ -152,8 +158,7 @@ def _lattice(dev: DeviceIdentity, profile: Profile, ops: tuple[str, ...], batch:
     # The twins stay on the powers of 4: a two-column row is shorter than a cache line.
     two = cells([TWO], [*sides, TWO]) + cells(sides, [TWO])
     # the large class's K twin is left out: its K is a model's width, and each point costs seconds
-    twins = [p for p in unaligned_twins(grid, twin_k)
-             if p.grid == "unaligned_n" or batch * p.m * p.n <= profile.max_gemm_outputs]
+    twins = [p for p in unaligned_twins(grid, twin_k) if p.grid == "unaligned_n" or not past_whole_wave(p, profile)]
     return grid + two + twins
 
 
@@ -269,8 +274,7 @@ def cold_points(dev: DeviceIdentity, profile: Profile, cache_bytes: int | None,
     # on the powers of 4, as the unaligned twins: the fit fills the rows of 2 from beside them
     # the cells past the whole-wave outputs (max_aspect_outputs) are not: each costs seconds
     grid = [replace(p, grid=COLD_GRID) for p in aspect_points(dev, profile)
-            if p.grid == "aspect" and p.k == k and TWO not in (p.m, p.n)
-            and p.batch * p.m * p.n <= profile.max_gemm_outputs]
+            if p.grid == "aspect" and p.k == k and TWO not in (p.m, p.n) and not past_whole_wave(p, profile)]
     return [p for p in grid if rotates(p)] + [replace(p, grid=COLD_HELDOUT) for p in heldout if rotates(p)]
 
 

@@ -7,7 +7,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from pipeline.core.dtypes import element_bytes
 from pipeline.predict.gemm import GemmModel, GemmTable
+from pipeline.predict.gemm_alias import rows_alias
+from pipeline.predict.gemm_grids import LINE_BASE_GRID
 
 
 def test_the_aspect_grid_corrects_skinny_shapes_and_leaves_square_ones(synthetic_gemm_model):
@@ -106,6 +109,41 @@ def test_unaligned_twins_price_rows_that_end_mid_cache_line(synthetic_gemm_model
     assert "unaligned_n_log" not in table.to_dict()
 
 
+def _twin_cell_n(p) -> int:
+    """The aspect cell's N of an N twin (or of its base a line wider, LINE_BASE_GRID)."""
+    line = 64 // element_bytes(p.dtype)
+    n = p.n - (p.grid == "unaligned_n")
+    return n - line if n > line and rows_alias(n - line, p.dtype) and not rows_alias(n, p.dtype) else n
+
+
+def test_an_n_twin_of_an_aliasing_cell_pairs_with_its_base_one_line_wider(synthetic_gemm_model):
+    """A made-up CPU where rows of a 4 KiB multiple (N = 1024, 4096 in float32) run 2x, one line
+    wider they do not, and a row ending mid line costs 1.2x: an odd N is priced 1.2x its aligned
+    neighbour, not 1.2x less the aliasing (0.6x), which a twin beside the aliasing base measures.
+    The line-wider bases never enter the table (GemmModel.fit routes them to the twins)."""
+    table = synthetic_gemm_model.table("mm", "float32")
+    cells = pd.DataFrame([dict(m=m, n=n, k=64, batch=1) for m in (16, 64, 256, 1024) for n in (1024, 4096)])
+
+    def timed(df, factor):
+        return df.assign(median_us=table.predict_us(df["m"], df["n"], df["k"], df["batch"]) * factor)
+
+    base = timed(cells, 2.0)
+    wider = timed(cells.assign(n=cells["n"] + 16), 1.0).assign(grid=LINE_BASE_GRID)
+    # each twin's time is its base's, scaled by its extra column's FLOPs, times its own cost
+    twin = wider.assign(n=wider["n"] + 1, grid="unaligned_n", median_us=wider["median_us"] * (wider["n"] + 1) / wider["n"] * 1.2)
+    fixed = table.with_aspect(base).with_alignment(base, pd.concat([wider, twin], ignore_index=True))
+    assert fixed.alignment_factor(64, 2049, 64) == pytest.approx(1.2, rel=1e-3)
+    assert fixed.alignment_factor(64, 2048, 64) == pytest.approx(1.0)
+    # an old calibration's twin one past the aliasing N still pairs with it (the seven references)
+    old = base.assign(n=base["n"] + 1, grid="unaligned_n", median_us=base["median_us"] * (base["n"] + 1) / base["n"] * 0.6)
+    assert table.with_aspect(base).with_alignment(base, old).alignment_factor(64, 2049, 64) == pytest.approx(0.6, rel=1e-3)
+    rows = pd.concat([base.assign(grid="aspect"), wider, twin], ignore_index=True).assign(
+        op="mm", dtype="float32", kernel="cpu", tile_m=8, tile_n=8, slots=2, waves=1, held_out=False)
+    waves_rows = rows.iloc[:1].assign(m=8, n=16, k=64, grid="waves", median_us=10.0)
+    fitted = GemmModel.fit(pd.concat([waves_rows, rows], ignore_index=True)).table("mm", "float32")
+    assert fitted.thr.size == 1  # one whole-wave row: the aspect, twin and base rows stayed out
+
+
 def test_the_cpu_sweep_has_unaligned_twins_of_the_aspect_cells(cpu):
     from pipeline.sweeps.gemm_points import TWO, sweep_points
     from pipeline.sweeps.profiles import get_profile
@@ -114,10 +152,17 @@ def test_the_cpu_sweep_has_unaligned_twins_of_the_aspect_cells(cpu):
     pts = sweep_points(cpu, profile, {})
     cells = {(p.op, p.dtype, p.m, p.n, p.k) for p in pts
              if p.grid == "aspect" and p.k == profile.gemm_twin_k and TWO not in (p.m, p.n)}
-    twins_n = {(p.op, p.dtype, p.m, p.n - 1, p.k) for p in pts if p.grid == "unaligned_n"}
+    twins_n = {(p.op, p.dtype, p.m, _twin_cell_n(p), p.k) for p in pts if p.grid == "unaligned_n"}
     twins_k = {(p.op, p.dtype, p.m, p.n, p.k - 1) for p in pts if p.grid == "unaligned_k"}
     within = {c for c in cells if c[2] * c[3] <= profile.max_gemm_outputs}
     assert within and cells <= twins_n and within <= twins_k
+    # a cell whose rows alias (4 KiB multiples) has its N twin one past a base a line wider, both
+    # timed; no twin sits one past an aliasing N
+    line_bases = {(p.op, p.dtype, p.m, p.n, p.k) for p in pts if p.grid == LINE_BASE_GRID}
+    offset = {(p.op, p.dtype, p.m, p.n - 1, p.k) for p in pts if p.grid == "unaligned_n" and _twin_cell_n(p) != p.n - 1}
+    assert offset and offset == line_bases
+    assert not [p for p in pts if p.grid == "unaligned_n" and rows_alias(p.n - 1, p.dtype)]
+    assert {(p.dtype, p.n - _twin_cell_n(p)) for p in pts if p.grid == LINE_BASE_GRID} == {("float32", 16), ("bfloat16", 32)}
     assert all(m * n <= profile.max_gemm_outputs for _, _, m, n, _ in twins_k)  # none past the cap
     # the twins sit at the profile's twin K only, whatever other K the aspect grid has
     assert {p.k for p in pts if p.grid == "unaligned_n"} == {profile.gemm_twin_k} != set(profile.gemm_aspect_k)
@@ -135,12 +180,12 @@ def test_the_aspect_grid_reaches_past_the_whole_wave_cap_at_the_twin_k_alone(cpu
     profile = get_profile("quick", "cpu")
     assert profile.max_aspect_outputs > profile.max_gemm_outputs
     pts = sweep_points(cpu, profile, {})
-    past = [p for p in pts if p.grid in ("aspect", "unaligned_n", "unaligned_k")
-            and p.batch * p.m * p.n > profile.max_gemm_outputs]
+    past = [p for p in pts if p.grid in ("aspect", "unaligned_n", "unaligned_k", LINE_BASE_GRID)
+            and p.batch * p.m * _twin_cell_n(p) > profile.max_gemm_outputs]
     assert {(p.op, p.m, p.n) for p in past if p.grid == "aspect"} >= {("linear", 1024, 65536), ("mm", 65536, 1024)}
     assert {p.k for p in past} == {profile.gemm_twin_k}
-    assert all(p.batch * p.m * (p.n - (p.grid == "unaligned_n")) <= profile.max_aspect_outputs for p in past)
-    assert {p.grid for p in past} == {"aspect", "unaligned_n"}
+    assert all(p.batch * p.m * _twin_cell_n(p) <= profile.max_aspect_outputs for p in past)
+    assert {p.grid for p in past} == {"aspect", "unaligned_n", LINE_BASE_GRID}
     assert max(p.flops for p in past) > (profile.max_aspect_flops or profile.max_point_flops)
     without = sweep_points(cpu, replace(profile, max_aspect_outputs=None), {})
     assert not [p for p in without if p.grid in ("aspect", "unaligned_n") and p.batch * p.m * p.n > profile.max_gemm_outputs]
@@ -283,7 +328,7 @@ def test_bmm_has_an_aspect_grid_of_its_own_at_one_batch_with_twins(cpu):
     assert pts and all(p.op == "bmm" and p.batch == BMM_ASPECT_BATCH for p in pts)
     cells = {(p.m, p.n) for p in pts if p.grid == "aspect"}
     assert {(TWO, 64), (256, TWO), (1, 1024)} <= cells and max(max(c) for c in cells) == max(BATCH_SIDES)
-    assert {p.grid for p in pts} == {"aspect", "unaligned_n", "unaligned_k"}
+    assert {p.grid for p in pts} == {"aspect", "unaligned_n", "unaligned_k", LINE_BASE_GRID}
     assert len({(p.dtype, p.m, p.n, p.k, p.grid) for p in pts}) == len(pts)
 
 

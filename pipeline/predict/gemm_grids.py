@@ -43,6 +43,9 @@ def median_on_measured(cells: np.ndarray, ms: np.ndarray, ns: np.ndarray) -> np.
 # x86-64 and of most ARM server cores. What misalignment costs is measured (the twins), not assumed.
 LINE_BYTES = 64
 UNALIGNED_GRIDS = {"unaligned_n_log": "n", "unaligned_k_log": "k"}
+# The base of an N twin where the aspect cell's rows alias: the cell one line wider, its rows
+# whole lines but no longer a multiple of 4 KiB (sweeps/gemm_points.py unaligned_twins)
+LINE_BASE_GRID = "line_n"
 # Rows timed with their weights rotated through memory (sweeps/gemm_points.py cold_points): the
 # aspect grid's twins (fit the cold correction) and the held-out ones (scored priced cold)
 COLD_GRID, COLD_HELDOUT = "cold_weights", "cold_heldout"

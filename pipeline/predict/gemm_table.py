@@ -12,8 +12,9 @@ from pipeline.core.dtypes import element_bytes
 from pipeline.predict.gemm_alias import alias_factor, alias_grid
 from pipeline.predict.geometry import bilinear, grid_position
 from pipeline.predict.geometry import waves as count_waves
-from pipeline.predict.gemm_grids import (LINE_BYTES, UNALIGNED_GRIDS, ends_mid_line, extend_rows_linearly,
-                                         is_aligned, median_on_measured, relative_to_square)
+from pipeline.predict.gemm_grids import (LINE_BASE_GRID, LINE_BYTES, UNALIGNED_GRIDS, ends_mid_line,
+                                         extend_rows_linearly, is_aligned, median_on_measured,
+                                         relative_to_square)
 from pipeline.predict.serialize import DataclassJSON
 
 
@@ -176,12 +177,17 @@ class GemmTable(DataclassJSON):
     def with_alignment(self, base: pd.DataFrame, twins: pd.DataFrame) -> "GemmTable":
         """This table with its unaligned-N and -K corrections: per aspect cell (M, N), the median
         over K of log(twin time / aligned time) less the twin's extra FLOPs. Only cells whose own
-        N and K are aligned say what misalignment costs; the rest, and cells with no twin, get 0."""
+        N and K are aligned say what misalignment costs; the rest, and cells with no twin, get 0.
+        `twins` holds the LINE_BASE_GRID rows too: an N twin of a cell whose rows alias pairs with
+        its base one line wider (sweeps/gemm_points.py unaligned_twins), and counts for the cell."""
         if self.aspect_log is None or twins.empty:
             return self
         keys = ["m", "n", "k"]
-        aligned = base[is_aligned(base["n"].to_numpy(), self.dtype) & is_aligned(base["k"].to_numpy(), self.dtype)]
-        aligned = aligned.groupby(keys, as_index=False)["median_us"].median()
+        wider = twins[twins["grid"] == LINE_BASE_GRID]
+        pool = pd.concat([base.assign(cell=base["n"]),
+                          wider.assign(cell=wider["n"] - LINE_BYTES // element_bytes(self.dtype))], ignore_index=True)
+        aligned = pool[is_aligned(pool["n"].to_numpy(), self.dtype) & is_aligned(pool["k"].to_numpy(), self.dtype)]
+        aligned = aligned.groupby([*keys, "cell"], as_index=False)["median_us"].median()
         out = {}
         for name, dim in UNALIGNED_GRIDS.items():
             mine = twins[twins["grid"] == name.removesuffix("_log")]
@@ -190,7 +196,7 @@ class GemmTable(DataclassJSON):
                 continue
             extra = np.log((pair[dim] + 1) / pair[dim])  # the twin's FLOPs over the base's
             pair = pair.assign(log_ratio=np.log(pair["median_us"] / pair["median_us_base"]) - extra)
-            cells = pair.pivot_table(index="m", columns="n", values="log_ratio", aggfunc="median")
+            cells = pair.pivot_table(index="m", columns="cell", values="log_ratio", aggfunc="median")
             cells = cells.reindex(index=self.aspect_m, columns=self.aspect_n).to_numpy(float)
             # columns narrower than a line hold no measurement of their own: not filled from beside
             out[name] = median_on_measured(cells, self.aspect_m, self.aspect_n) * (

@@ -14,7 +14,7 @@ from pipeline.core.ops import GEMM_OPS
 from pipeline.device.discover import DeviceIdentity
 from pipeline.predict.gemm_alias import ALIAS_GRID, rows_alias, short_k, twin_steps
 from pipeline.predict.gemm_batch import BATCH_GRID
-from pipeline.predict.gemm_grids import COLD_GRID, COLD_HELDOUT, LINE_BYTES
+from pipeline.predict.gemm_grids import COLD_GRID, COLD_HELDOUT, LINE_BASE_GRID, LINE_BYTES
 from pipeline.predict.gemm_narrow import NARROW_GRID
 from pipeline.predict.geometry import whole_wave_shape
 from pipeline.sweeps.cpu_kernels import ATEN_KERNEL
@@ -158,7 +158,8 @@ def _lattice(dev: DeviceIdentity, profile: Profile, ops: tuple[str, ...], batch:
     # The twins stay on the powers of 4: a two-column row is shorter than a cache line.
     two = cells([TWO], [*sides, TWO]) + cells(sides, [TWO])
     # the large class's K twin is left out: its K is a model's width, and each point costs seconds
-    twins = [p for p in unaligned_twins(grid, twin_k) if p.grid == "unaligned_n" or not past_whole_wave(p, profile)]
+    twins = [p for p in unaligned_twins(grid, twin_k)
+             if p.grid in ("unaligned_n", LINE_BASE_GRID) or not past_whole_wave(p, profile)]
     return grid + two + twins
 
 
@@ -183,13 +184,28 @@ def batch_points(dev: DeviceIdentity, profile: Profile) -> list[GemmPoint]:
 # lines) and in K (the same for the rows of A, and of W in linear): a GPT-2 LM head with
 # N = 50257 ran 1.36x as long as with N = 50304 on the EPYC VM (146 vs 108 ms at 512 x 256),
 # while every grid shape is a power of two. M is never a leading dimension here.
-UNALIGNED = {"unaligned_n": "n", "unaligned_k": "k"}
 
 
 def unaligned_twins(grid: list[GemmPoint], k: int) -> list[GemmPoint]:
-    """For each aspect cell at K = k, the same shape with N + 1 and with K + 1."""
-    return [replace(p, grid=name, **{dim: getattr(p, dim) + 1}) for p in grid if p.k == k
-            for name, dim in UNALIGNED.items()]
+    """For each aspect cell at K = k, the same shape with N + 1 and with K + 1; where the cell's
+    output rows alias (a multiple of 4 KiB, predict/gemm_alias.py), the N twin is one element
+    past a base one cache line wider (grid LINE_BASE_GRID), timed as well.
+    Why: N + 1 beside an aliasing N times two things, the aliasing gone and the row ending mid
+    line, and shapes of other widths pay the second alone. On the Zen 5 EPYC VM (linear float32,
+    K = 256, 2026-11-30) 65 537 ran 0.81-0.94x 65 536 at M = 64-256 while 50 257 ran 1.03-1.14x
+    50 256; 48 random odd-N shapes were priced 7.5 % under on average with the pairs at the
+    aliasing N, and 0.3 % over with pairs one line past it."""
+    out = []
+    for p in grid:
+        if p.k != k:
+            continue
+        if rows_alias(p.n, p.dtype):
+            line = LINE_BYTES // element_bytes(p.dtype)
+            out += [replace(p, grid=LINE_BASE_GRID, n=p.n + line), replace(p, grid="unaligned_n", n=p.n + line + 1)]
+        else:
+            out.append(replace(p, grid="unaligned_n", n=p.n + 1))
+        out.append(replace(p, grid="unaligned_k", k=p.k + 1))
+    return out
 
 
 def alias_twins(dev: DeviceIdentity, profile: Profile, train: list[GemmPoint]) -> list[GemmPoint]:

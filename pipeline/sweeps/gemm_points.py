@@ -184,15 +184,13 @@ def batch_points(dev: DeviceIdentity, profile: Profile) -> list[GemmPoint]:
 # lines) and in K (the same for the rows of A, and of W in linear): a GPT-2 LM head with
 # N = 50257 ran 1.36x as long as with N = 50304 on the EPYC VM (146 vs 108 ms at 512 x 256),
 # while every grid shape is a power of two. M is never a leading dimension here.
-
-
 def unaligned_twins(grid: list[GemmPoint], k: int) -> list[GemmPoint]:
     """For each aspect cell at K = k, the same shape with N + 1 and with K + 1; where the cell's
     output rows alias (a multiple of 4 KiB, predict/gemm_alias.py), the N twin is one element
     past a base one cache line wider (grid LINE_BASE_GRID), timed as well.
     Why: N + 1 beside an aliasing N times two things, the aliasing gone and the row ending mid
     line, and shapes of other widths pay the second alone. On the Zen 5 EPYC VM (linear float32,
-    K = 256, 2026-11-30) 65 537 ran 0.81-0.94x 65 536 at M = 64-256 while 50 257 ran 1.03-1.14x
+    K = 256, 2026-11-30) N + 1 ran 0.78-0.94x 16 384 and 65 536 at M = 64-256 while 50 257 ran 1.03-1.14x
     50 256; 48 random odd-N shapes were priced 7.5 % under on average with the pairs at the
     aliasing N, and 0.3 % over with pairs one line past it."""
     out = []

@@ -41,13 +41,19 @@ from pipeline.predict.embedding import EmbeddingModel  # noqa: E402
 from pipeline.predict.evaluate import error_table, gemm_predictions  # noqa: E402
 from pipeline.predict.gemm import GemmModel  # noqa: E402
 from pipeline.predict.gemm_alias import ALIAS_GRID  # noqa: E402
+from pipeline.predict.gemm_grids import LINE_BASE_GRID  # noqa: E402
 from pipeline.predict.gemm_grids import hot_rows  # noqa: E402
 from pipeline.predict.gemm_narrow import NARROW_GRID  # noqa: E402
 from pipeline.predict.graph_predict import free_probe, predict_runs, table_v  # noqa: E402
 
 
+def _is_twin(grid: pd.Series) -> pd.Series:
+    """The unaligned twins' rows and their bases a line wider (the selector reads them too)."""
+    return grid.str.startswith("unaligned") | (grid == LINE_BASE_GRID)
+
+
 def _no_twins(g: pd.DataFrame) -> pd.DataFrame:
-    return g[~g["grid"].astype(str).str.startswith("unaligned")]
+    return g[~_is_twin(g["grid"].astype(str))]
 
 
 def _hot(e: pd.DataFrame) -> pd.DataFrame:
@@ -75,7 +81,7 @@ def _no_faults(g: pd.DataFrame) -> pd.DataFrame:
 def _no_bmm_aspect(g: pd.DataFrame) -> pd.DataFrame:
     """Without bmm's aspect lattice and its twins (every other grid of bmm stays)."""
     grid = g["grid"].astype(str)
-    return g[~((g["op"] == "bmm") & ((grid == "aspect") | grid.str.startswith("unaligned")))]
+    return g[~((g["op"] == "bmm") & ((grid == "aspect") | _is_twin(grid)))]
 
 
 def _no_narrow(g: pd.DataFrame) -> pd.DataFrame:

@@ -131,17 +131,35 @@ def test_an_n_twin_of_an_aliasing_cell_pairs_with_its_base_one_line_wider(synthe
     wider = timed(cells.assign(n=cells["n"] + 16), 1.0).assign(grid=LINE_BASE_GRID)
     # each twin's time is its base's, scaled by its extra column's FLOPs, times its own cost
     twin = wider.assign(n=wider["n"] + 1, grid="unaligned_n", median_us=wider["median_us"] * (wider["n"] + 1) / wider["n"] * 1.2)
-    fixed = table.with_aspect(base).with_alignment(base, pd.concat([wider, twin], ignore_index=True))
+    # a K twin still pairs with the aliasing cell itself: K one off costs 1.1x there
+    twin_k = base.assign(k=65, grid="unaligned_k", median_us=base["median_us"] * 65 / 64 * 1.1)
+    fixed = table.with_aspect(base).with_alignment(base, pd.concat([wider, twin, twin_k], ignore_index=True))
     assert fixed.alignment_factor(64, 2049, 64) == pytest.approx(1.2, rel=1e-3)
     assert fixed.alignment_factor(64, 2048, 64) == pytest.approx(1.0)
+    assert fixed.alignment_factor(64, 2048, 65) == pytest.approx(1.1, rel=1e-3)
+    assert fixed.alignment_factor(64, 2049, 65) == pytest.approx(1.32, rel=1e-3)
     # an old calibration's twin one past the aliasing N still pairs with it (the seven references)
     old = base.assign(n=base["n"] + 1, grid="unaligned_n", median_us=base["median_us"] * (base["n"] + 1) / base["n"] * 0.6)
     assert table.with_aspect(base).with_alignment(base, old).alignment_factor(64, 2049, 64) == pytest.approx(0.6, rel=1e-3)
     rows = pd.concat([base.assign(grid="aspect"), wider, twin], ignore_index=True).assign(
         op="mm", dtype="float32", kernel="cpu", tile_m=8, tile_n=8, slots=2, waves=1, held_out=False)
-    waves_rows = rows.iloc[:1].assign(m=8, n=16, k=64, grid="waves", median_us=10.0)
+    waves_rows = rows.iloc[:1].assign(m=8, n=16, k=32, grid="waves", median_us=10.0)
     fitted = GemmModel.fit(pd.concat([waves_rows, rows], ignore_index=True)).table("mm", "float32")
-    assert fitted.thr.size == 1  # one whole-wave row: the aspect, twin and base rows stayed out
+    assert fitted.ks.tolist() == [32]  # the whole-wave row's K alone: the K = 64 rows stayed out
+    assert fitted.alignment_factor(64, 2049, 64) > 1.1  # the fit paired the twins with their bases
+
+
+def test_a_bfloat16_twin_pairs_with_its_base_32_elements_wider(synthetic_gemm_model):
+    """bfloat16's line is 32 elements: its aliasing cells (N = 2048, 8192) pair their twins at
+    N + 33 with bases at N + 32, filed under N."""
+    table = replace(synthetic_gemm_model.table("mm", "float32"), dtype="bfloat16")
+    cells = pd.DataFrame([dict(m=m, n=n, k=64, batch=1) for m in (16, 64, 256, 1024) for n in (2048, 8192)])
+    base = cells.assign(median_us=table.predict_us(cells["m"], cells["n"], cells["k"], cells["batch"]) * 2.0)
+    wider = cells.assign(n=cells["n"] + 32, grid=LINE_BASE_GRID,
+                         median_us=table.predict_us(cells["m"], cells["n"] + 32, cells["k"], cells["batch"]))
+    twin = wider.assign(n=wider["n"] + 1, grid="unaligned_n", median_us=wider["median_us"] * (wider["n"] + 1) / wider["n"] * 1.3)
+    fixed = table.with_aspect(base).with_alignment(base, pd.concat([wider, twin], ignore_index=True))
+    assert fixed.alignment_factor(64, 4001, 64) == pytest.approx(1.3, rel=1e-3)
 
 
 def test_the_cpu_sweep_has_unaligned_twins_of_the_aspect_cells(cpu):
@@ -165,7 +183,7 @@ def test_the_cpu_sweep_has_unaligned_twins_of_the_aspect_cells(cpu):
     assert {(p.dtype, p.n - _twin_cell_n(p)) for p in pts if p.grid == LINE_BASE_GRID} == {("float32", 16), ("bfloat16", 32)}
     assert all(m * n <= profile.max_gemm_outputs for _, _, m, n, _ in twins_k)  # none past the cap
     # the twins sit at the profile's twin K only, whatever other K the aspect grid has
-    assert {p.k for p in pts if p.grid == "unaligned_n"} == {profile.gemm_twin_k} != set(profile.gemm_aspect_k)
+    assert {p.k for p in pts if p.grid in ("unaligned_n", LINE_BASE_GRID)} == {profile.gemm_twin_k} != set(profile.gemm_aspect_k)
 
 
 def test_the_aspect_grid_reaches_past_the_whole_wave_cap_at_the_twin_k_alone(cpu):

@@ -179,7 +179,9 @@ class GemmTable(DataclassJSON):
         over K of log(twin time / aligned time) less the twin's extra FLOPs. Only cells whose own
         N and K are aligned say what misalignment costs; the rest, and cells with no twin, get 0.
         `twins` holds the LINE_BASE_GRID rows too: an N twin of a cell whose rows alias pairs with
-        its base one line wider (sweeps/gemm_points.py unaligned_twins), and counts for the cell."""
+        its base one line wider (sweeps/gemm_points.py unaligned_twins), and counts for the cell.
+        Both are read whichever kernel ran them, as the twins are. A table holds one take's rows
+        (a re-run replaces them), so a cell never mixes these pairs with an older take's N + 1."""
         if self.aspect_log is None or twins.empty:
             return self
         keys = ["m", "n", "k"]

@@ -40,7 +40,7 @@ class GemmPoint:
     k: int
     held_out: bool
     grid: str = "waves"  # "waves" (PM2Lat's whole-wave grid), "aspect" (CPU: off its diagonal), "batch", "narrow_n",
-    # "off_alias_n", "heldout"
+    # "off_alias_n", "unaligned_n", "unaligned_k", "line_n" (an N twin's base, unaligned_twins), "heldout"
 
     @property
     def shape(self) -> tuple[str, str, int, int, int, int]:

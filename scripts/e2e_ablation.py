@@ -41,15 +41,14 @@ from pipeline.predict.embedding import EmbeddingModel  # noqa: E402
 from pipeline.predict.evaluate import error_table, gemm_predictions  # noqa: E402
 from pipeline.predict.gemm import GemmModel  # noqa: E402
 from pipeline.predict.gemm_alias import ALIAS_GRID  # noqa: E402
-from pipeline.predict.gemm_grids import LINE_BASE_GRID  # noqa: E402
-from pipeline.predict.gemm_grids import hot_rows  # noqa: E402
+from pipeline.predict.gemm_grids import TWIN_GRIDS, hot_rows  # noqa: E402
 from pipeline.predict.gemm_narrow import NARROW_GRID  # noqa: E402
 from pipeline.predict.graph_predict import free_probe, predict_runs, table_v  # noqa: E402
 
 
 def _is_twin(grid: pd.Series) -> pd.Series:
     """The unaligned twins' rows and their bases a line wider (the selector reads them too)."""
-    return grid.str.startswith("unaligned") | (grid == LINE_BASE_GRID)
+    return grid.isin(TWIN_GRIDS)
 
 
 def _no_twins(g: pd.DataFrame) -> pd.DataFrame:

@@ -7,10 +7,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from pipeline.core.dtypes import element_bytes
 from pipeline.predict.gemm import GemmModel, GemmTable
 from pipeline.predict.gemm_alias import rows_alias
-from pipeline.predict.gemm_grids import LINE_BASE_GRID
+from pipeline.predict.gemm_grids import LINE_BASE_GRID, line_elements
 
 
 def test_the_aspect_grid_corrects_skinny_shapes_and_leaves_square_ones(synthetic_gemm_model):
@@ -111,7 +110,7 @@ def test_unaligned_twins_price_rows_that_end_mid_cache_line(synthetic_gemm_model
 
 def _twin_cell_n(p) -> int:
     """The aspect cell's N of an N twin (or of its base a line wider, LINE_BASE_GRID)."""
-    line = 64 // element_bytes(p.dtype)
+    line = line_elements(p.dtype)
     n = p.n - (p.grid == "unaligned_n")
     return n - line if n > line and rows_alias(n - line, p.dtype) and not rows_alias(n, p.dtype) else n
 

@@ -15,7 +15,7 @@ import pandas as pd
 from pipeline.core.dtypes import check_dtype, element_bytes
 from pipeline.core.errors import BadShapeError, MissingModelError, check_positive_arrays
 from pipeline.predict.geometry import waves as count_waves
-from pipeline.predict.gemm_grids import LINE_BASE_GRID, UNALIGNED_GRIDS, fill_capped, is_cold, no_faster_with_more_waves
+from pipeline.predict.gemm_grids import TWIN_GRIDS, fill_capped, is_cold, no_faster_with_more_waves
 from pipeline.predict.gemm_alias import ALIAS_GRID
 from pipeline.predict.gemm_batch import BATCH_GRID, BatchCorrection
 from pipeline.predict.gemm_narrow import NARROW_GRID, NarrowCorrection, narrow_rows
@@ -68,7 +68,7 @@ class GemmModel:
         samples = without_faults(samples)  # the tables hold the kernels; faults are added by output size
         every_grid = samples  # the selector learns from all of them (selector_labels)
         grid = samples["grid"] if "grid" in samples else pd.Series("waves", index=samples.index)
-        is_twin = grid.isin([*(name.removesuffix("_log") for name in UNALIGNED_GRIDS), LINE_BASE_GRID]).to_numpy()
+        is_twin = grid.isin(TWIN_GRIDS).to_numpy()
         is_aspect = (grid == "aspect").to_numpy()
         cold_rows, is_batch = is_cold(samples), (grid == BATCH_GRID).to_numpy()
         is_narrow, is_alias = (grid == NARROW_GRID).to_numpy(), (grid == ALIAS_GRID).to_numpy()

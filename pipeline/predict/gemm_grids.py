@@ -46,6 +46,14 @@ UNALIGNED_GRIDS = {"unaligned_n_log": "n", "unaligned_k_log": "k"}
 # The base of an N twin where the aspect cell's rows alias: the cell one line wider, its rows
 # whole lines but no longer a multiple of 4 KiB (sweeps/gemm_points.py unaligned_twins)
 LINE_BASE_GRID = "line_n"
+# gemm_samples.grid of the unaligned twins and their bases: they fit the unaligned correction alone
+TWIN_GRIDS = (*(name.removesuffix("_log") for name in UNALIGNED_GRIDS), LINE_BASE_GRID)
+
+
+def line_elements(dtype: str) -> int:
+    """Elements of `dtype` in one cache line: how much wider than its cell an N twin's base is,
+    in the sweep that times it and in the fit that pairs it."""
+    return LINE_BYTES // element_bytes(dtype)
 # Rows timed with their weights rotated through memory (sweeps/gemm_points.py cold_points): the
 # aspect grid's twins (fit the cold correction) and the held-out ones (scored priced cold)
 COLD_GRID, COLD_HELDOUT = "cold_weights", "cold_heldout"

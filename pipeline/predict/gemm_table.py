@@ -13,7 +13,7 @@ from pipeline.predict.gemm_alias import alias_factor, alias_grid
 from pipeline.predict.geometry import bilinear, grid_position
 from pipeline.predict.geometry import waves as count_waves
 from pipeline.predict.gemm_grids import (LINE_BASE_GRID, LINE_BYTES, UNALIGNED_GRIDS, ends_mid_line,
-                                         extend_rows_linearly, is_aligned, median_on_measured,
+                                         extend_rows_linearly, is_aligned, line_elements, median_on_measured,
                                          relative_to_square)
 from pipeline.predict.serialize import DataclassJSON
 
@@ -187,7 +187,7 @@ class GemmTable(DataclassJSON):
         keys = ["m", "n", "k"]
         wider = twins[twins["grid"] == LINE_BASE_GRID]
         pool = pd.concat([base.assign(cell=base["n"]),
-                          wider.assign(cell=wider["n"] - LINE_BYTES // element_bytes(self.dtype))], ignore_index=True)
+                          wider.assign(cell=wider["n"] - line_elements(self.dtype))], ignore_index=True)
         aligned = pool[is_aligned(pool["n"].to_numpy(), self.dtype) & is_aligned(pool["k"].to_numpy(), self.dtype)]
         aligned = aligned.groupby([*keys, "cell"], as_index=False)["median_us"].median()
         out = {}

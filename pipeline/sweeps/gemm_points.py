@@ -14,7 +14,7 @@ from pipeline.core.ops import GEMM_OPS
 from pipeline.device.discover import DeviceIdentity
 from pipeline.predict.gemm_alias import ALIAS_GRID, rows_alias, short_k, twin_steps
 from pipeline.predict.gemm_batch import BATCH_GRID
-from pipeline.predict.gemm_grids import COLD_GRID, COLD_HELDOUT, LINE_BASE_GRID, LINE_BYTES
+from pipeline.predict.gemm_grids import COLD_GRID, COLD_HELDOUT, LINE_BASE_GRID, line_elements
 from pipeline.predict.gemm_narrow import NARROW_GRID
 from pipeline.predict.geometry import whole_wave_shape
 from pipeline.sweeps.cpu_kernels import ATEN_KERNEL
@@ -198,7 +198,7 @@ def unaligned_twins(grid: list[GemmPoint], k: int) -> list[GemmPoint]:
         if p.k != k:
             continue
         if rows_alias(p.n, p.dtype):
-            line = LINE_BYTES // element_bytes(p.dtype)
+            line = line_elements(p.dtype)
             out += [replace(p, grid=LINE_BASE_GRID, n=p.n + line), replace(p, grid="unaligned_n", n=p.n + line + 1)]
         else:
             out.append(replace(p, grid="unaligned_n", n=p.n + 1))
@@ -232,7 +232,7 @@ def narrow_points(dev: DeviceIdentity, profile: Profile) -> list[GemmPoint]:
     sides = set(lattice_sides(profile.gemm_aspect_max))
     out = []
     for dtype in dtypes_for(dev.kind):
-        ns = [n for n in range(1, LINE_BYTES // element_bytes(dtype) + 1) if n not in sides]
+        ns = [n for n in range(1, line_elements(dtype) + 1) if n not in sides]
         for op, batch in [*((op, 1) for op in ASPECT_OPS), ("bmm", BMM_ASPECT_BATCH)]:
             out += [GemmPoint(op, dtype, batch, m, n, k, False, NARROW_GRID)
                     for m, k in profile.gemm_narrow_cells for n in ns

@@ -245,7 +245,7 @@ def test_the_grids_flop_caps_reach_an_lm_heads_k_at_the_largest_outputs(cpu):
     assert all(2 * p.batch * p.m * p.n * p.k <= quick.max_wave_flops for p in waves)
     aspect = aspect_points(cpu, quick)
     assert set(aspect_points(cpu, plain)) < set(aspect)
-    # past the whole-wave outputs the aspect grid times one K whatever its FLOPs (test_gemm_aspect.py)
+    # past the whole-wave outputs the aspect grid times one K whatever its FLOPs (test_gemm_twins.py)
     assert max(2 * p.m * p.n * p.k for p in aspect if p.m * p.n <= quick.max_gemm_outputs) <= quick.max_aspect_flops
     assert batch_points(cpu, quick) == batch_points(cpu, plain)
     gpu = get_profile("quick", "cuda")

@@ -87,3 +87,22 @@ def row_count(n: int) -> dict:
     """Dagster's standard `dagster/row_count` (the asset catalog's row count): the rows a
     materialization wrote to its DuckDB table for the partition's device."""
     return {"dagster/row_count": dg.MetadataValue.int(int(n))}
+
+
+def calibration_usual(warehouse, device: str, sweep: str) -> dict:
+    """{"usual_probes": (GEMM probe, host probe)} for a sweep that tests its spells against the
+    device's calibration too (runner.SPELL_ANCHORED): each probe's usual time over the device's
+    gemm_samples rows, the table most predictions rest on (harness/spells.anchored_usual). Empty
+    for other sweeps, and where those rows hold no readings (a GPU's, or a calibration from before
+    the probes)."""
+    from pipeline.core.errors import DevcharError
+    from pipeline.runner import SPELL_ANCHORED, usual_of_rows
+
+    if sweep not in SPELL_ANCHORED:
+        return {}
+    try:
+        rows = warehouse.device_rows("gemm_samples", device)
+    except DevcharError:  # no GEMM table yet: the sweep's own readings alone
+        return {}
+    usual = usual_of_rows(rows.to_dict("records"))
+    return {"usual_probes": usual} if usual else {}

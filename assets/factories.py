@@ -21,7 +21,8 @@ import dagster as dg
 import numpy as np
 import pandas as pd
 
-from assets.common import data_hash, device_check, image_md, metadata_table, rounded, row_count, save_plot
+from assets.common import (calibration_usual, data_hash, device_check, image_md, metadata_table, rounded, row_count,
+                           save_plot)
 from pipeline.analysis import drift as drift_
 from pipeline.analysis.plots import predicted_vs_measured
 from pipeline.analysis.quality import Gates
@@ -144,7 +145,7 @@ def sample_asset(*, sweep: str, checks: Checks = timing_checks(),
         def _sample(context: dg.AssetExecutionContext, device_runner: DeviceRunner,
                     warehouse: DuckDBWarehouse, quality_gates: QualityGates) -> dg.MaterializeResult:
             device, gates = context.partition_key, quality_gates.gates()
-            df = device_runner.run(context, sweep, device)
+            df = device_runner.run(context, sweep, device, **calibration_usual(warehouse, device, sweep))
             previous = previous_rows(warehouse, name, device) if tracks_drift else None
             drift = None if previous is None else drift_.table_drift(previous, df, name, gates)
             parts = [(name, device, df)]

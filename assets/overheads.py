@@ -3,7 +3,7 @@ traces) -> overhead_model, the shared table `devchar predict` uses for a never-s
 import pandas as pd
 
 import dagster as dg
-from assets.common import data_hash, device_check, image_md, md_table, row_count, save_plot
+from assets.common import calibration_usual, data_hash, device_check, image_md, md_table, row_count, save_plot
 from assets.samples import device_spec
 from pipeline.analysis.plots import t1_after_op_plot
 from pipeline.orchestration.partitions import devices
@@ -26,7 +26,7 @@ from resources.warehouse import DuckDBWarehouse
                               description="every gap is a finite number >= 0 of a known type (T1-T5)")])
 def overhead_traces(context: dg.AssetExecutionContext, device_runner: DeviceRunner, warehouse: DuckDBWarehouse):
     device = context.partition_key
-    tables = device_runner.run_tables(context, "traces", device)
+    tables = device_runner.run_tables(context, "traces", device, **calibration_usual(warehouse, device, "traces"))
     samples, graphs = tables["overhead_samples"], tables["workload_graphs"]
     written = {t: warehouse.replace_partition(t, device, rows)
                for t, rows in (("overhead_samples", samples), ("workload_graphs", graphs))}

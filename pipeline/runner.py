@@ -10,6 +10,7 @@ import argparse
 import contextlib
 import importlib
 import json
+import math
 import os
 import sys
 import time
@@ -43,6 +44,11 @@ SWEEP_FUNCS = {
     "reference": ("pipeline.sweeps.reference_gemms", "sweep_reference"),
     "gemm_configs": ("pipeline.sweeps.gemm_configs", "sweep_gemm_configs"),
 }
+
+
+# sweeps whose spell test also reads the calibration's usual probe times (--usual-probes,
+# harness/spells.anchored_usual): they run after the kernel sweeps the predictors are fitted on
+SPELL_ANCHORED = ("workloads", "traces")
 
 
 def tables_of(sweep: str) -> tuple[str, ...]:
@@ -105,10 +111,12 @@ def run_sweep(sweep: str, device: str = "auto", profile: str = "quick", run_id: 
 
 
 def run_sweep_tables(sweep: str, device: str = "auto", profile: str = "quick", run_id: str | None = None,
-                     log=None, out_dir: str | Path | None = None, threads: int = 0) -> dict[str, list[dict]]:
+                     log=None, out_dir: str | Path | None = None, threads: int = 0,
+                     usual_probes: tuple[float | None, float | None] | None = None) -> dict[str, list[dict]]:
     """`threads` > 0: a CPU measured with fewer threads than it has (the slug, its partition,
     stays the same; device_spec records the count used): a calibration under a changed
-    setting, as the drift check sees it."""
+    setting, as the drift check sees it. `usual_probes`: the spell probes' usual times in the
+    device's calibration, for the SPELL_ANCHORED sweeps."""
     from pipeline.device.discover import identify, resolve
     from pipeline.core.errors import DevcharError
     from pipeline.sweeps.profiles import get_profile
@@ -139,7 +147,8 @@ def run_sweep_tables(sweep: str, device: str = "auto", profile: str = "quick", r
 
         module, func = SWEEP_FUNCS[sweep]
         try:
-            result = getattr(importlib.import_module(module), func)(dev, prof, log)
+            anchor = {"calibration_usual": usual_probes} if sweep in SPELL_ANCHORED and usual_probes else {}
+            result = getattr(importlib.import_module(module), func)(dev, prof, log, **anchor)
         finally:
             random_pool.release()  # the pools hold the sweep's largest inputs
     # a sweep returns its main table's rows, or {table: rows} when one run fills several
@@ -226,6 +235,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="every time budget of the sweeps times this, and below 1 the FLOP caps per point (tests: "
                          "0.25 runs the profile's grids faster, measured less well, the largest points left to the "
                          "fit); default: $DEVCHAR_TIMING_SCALE, else 1")
+    ap.add_argument("--usual-probes", default=None, metavar="GEMM_US,HOST_US",
+                    help="the spell probes' usual times in the device's calibration (the GEMM sweep's lower "
+                         "quartiles; either may be empty): the workloads and traces sweeps then also flag a "
+                         "step timed in a spell as long as their own run")
     args = ap.parse_args(argv)
     # torch's C++ warnings (the execution-trace observer announces itself on every capture)
     # would bury the progress lines; errors still print. Set before torch is imported.
@@ -236,6 +249,7 @@ def main(argv: list[str] | None = None) -> int:
     with contextlib.ExitStack() as stack:
         try:
             stack.enter_context(timing_scale_set(args.timing_scale))
+            usual = parse_usual_probes(args.usual_probes)
         except DevcharError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
@@ -245,8 +259,11 @@ def main(argv: list[str] | None = None) -> int:
         try:
             for name in names:
                 t0 = time.perf_counter()
-                for table, rows in run_sweep_tables(name, args.device, args.profile, args.run_id, log,
-                                                      args.out, args.threads).items():
+                tables = run_sweep_tables(name, args.device, args.profile, args.run_id, log, args.out,
+                                          args.threads, usual)
+                if name == "gemm" and usual is None:  # `all`: the later runs test spells against it too
+                    usual = usual_of_rows(tables["gemm_samples"])
+                for table, rows in tables.items():
                     path = write_rows(rows, Path(args.out), table)
                     print(f"{name}: {len(rows)} {table} rows -> {path} in {time.perf_counter() - t0:.1f}s",
                           file=sys.stderr, flush=True)
@@ -258,6 +275,31 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {exc}", file=sys.stderr)
             return 2
     return 0
+
+
+def parse_usual_probes(text: str | None) -> tuple[float | None, float | None] | None:
+    """`--usual-probes GEMM_US,HOST_US` as a pair (an empty field: None); None without it."""
+    from pipeline.core.errors import DevcharError
+
+    if text is None:
+        return None
+    fields = text.split(",")
+    try:
+        pair = tuple(float(f) if f.strip() else None for f in fields)
+    except ValueError:
+        pair = ()
+    if len(pair) != 2 or any(u is not None and not 0 < u < float("inf") for u in pair):
+        raise DevcharError(f"--usual-probes {text!r}: expected two positive times in us, GEMM_US,HOST_US "
+                           "(either may be empty)")
+    return pair
+
+
+def usual_of_rows(rows: list[dict]) -> tuple[float | None, float | None] | None:
+    """The spell probes' usual times over sample rows (harness/spells.usual_pair); None without readings."""
+    from pipeline.harness.spells import usual_pair
+
+    usual = usual_pair((r.get("probe_us", math.nan), r.get("host_probe_us", math.nan)) for r in rows)
+    return usual if any(u is not None for u in usual) else None
 
 
 def all_sweeps(device: str) -> list[str]:

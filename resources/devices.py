@@ -123,12 +123,16 @@ class DeviceRunner(dg.ConfigurableResource):
         """timing_scale as a number (one error naming the field and its variable otherwise)."""
         return number(self, "timing_scale")
 
-    def run(self, context: dg.AssetExecutionContext, sweep: str, device: str) -> pd.DataFrame:
+    def run(self, context: dg.AssetExecutionContext, sweep: str, device: str,
+            usual_probes: tuple[float | None, float | None] | None = None) -> pd.DataFrame:
         """The sweep's main table."""
-        return self.run_tables(context, sweep, device)[SWEEPS[sweep]]
+        return self.run_tables(context, sweep, device, usual_probes)[SWEEPS[sweep]]
 
-    def run_tables(self, context: dg.AssetExecutionContext, sweep: str, device: str) -> dict[str, pd.DataFrame]:
-        """Every table the sweep fills (runner.tables_of), by name."""
+    def run_tables(self, context: dg.AssetExecutionContext, sweep: str, device: str,
+                   usual_probes: tuple[float | None, float | None] | None = None) -> dict[str, pd.DataFrame]:
+        """Every table the sweep fills (runner.tables_of), by name. `usual_probes`: the spell
+        probes' usual times in the device's calibration (runner --usual-probes); a pod gets none,
+        since the probes are read on a CPU device only."""
         from pipeline.device.discover import local_devices
 
         if self.source != "reference" and self.mode == "k8s" and device in self.k8s.devices:
@@ -144,19 +148,22 @@ class DeviceRunner(dg.ConfigurableResource):
                 out[table] = read_rows(ref).assign(device=device)
             return out
         if self.mode in ("subprocess", "k8s"):
-            return self._run_subprocess(context, sweep, device)
+            return self._run_subprocess(context, sweep, device, usual_probes)
         from pipeline.runner import run_sweep_tables, timing_scale_set
 
         with timing_scale_set(self.scale()):
             tables = run_sweep_tables(sweep, device, self.profile, context.run.run_id[:12], log=context.log.info,
-                                      threads=self.threads)
+                                      threads=self.threads, usual_probes=usual_probes)
         return {t: pd.DataFrame(rows) for t, rows in tables.items()}
 
-    def _run_subprocess(self, context: dg.AssetExecutionContext, sweep: str, device: str) -> dict[str, pd.DataFrame]:
+    def _run_subprocess(self, context: dg.AssetExecutionContext, sweep: str, device: str,
+                        usual_probes=None) -> dict[str, pd.DataFrame]:
         with tempfile.TemporaryDirectory(prefix="devchar-runner-") as out:
             cmd = [sys.executable, "-m", "pipeline.runner", sweep, "--device", device, "--profile",
                    self.profile, "--out", out, "--run-id", context.run.run_id[:12], "--threads", str(self.threads),
                    "--timing-scale", repr(self.scale())]
+            if usual_probes:
+                cmd += ["--usual-probes", ",".join("" if u is None else repr(float(u)) for u in usual_probes)]
             client = dg.PipesSubprocessClient(cwd=str(REPO_ROOT), message_reader=WholeLineMessageReader())
             invocation = client.run(command=cmd, context=context)
             return read_results(list(invocation.get_custom_messages()), Path(out), sweep)

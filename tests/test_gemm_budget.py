@@ -16,6 +16,21 @@ def test_points_over_the_call_budget_at_their_dtypes_rate_are_left_out():
     assert within_call_budget(pts, {}, 0.5) == (pts, [])
 
 
+def test_a_line_base_is_left_out_with_its_twin_not_kept_alone():
+    """A line base (grid line_n) has one column fewer than its twin, so a base just under the cap
+    would be kept while its twin was dropped, costing a call near the cap and pairing with nothing."""
+    from pipeline.predict.gemm_grids import LINE_BASE_GRID
+    from pipeline.predict.gemm_narrow import TWIN_N_GRID
+    from pipeline.sweeps.gemm_points import GemmPoint, within_call_budget
+
+    base = GemmPoint("linear", "float32", 1, 1000, 1000, 1000, False, LINE_BASE_GRID)  # 2e9 FLOPs
+    twin = GemmPoint("linear", "float32", 1, 1000, 1001, 1000, False, TWIN_N_GRID)
+    plain = GemmPoint("linear", "float32", 1, 1000, 1000, 1000, False, "aspect")
+    rate = 2.001e9 / 1.0  # the base and the plain cell fit in 1 s, the twin does not
+    kept, dropped = within_call_budget([plain, base, twin], {"float32": rate}, 1.0)
+    assert kept == [plain] and dropped == [base, twin]
+
+
 def test_the_cpu_sweep_leaves_out_what_a_dtype_run_in_software_cannot_time_in_budget(cpu, monkeypatch):
     """bf16 on a CPU without bf16 instructions ran 110x slower than float32 (AMD EPYC family 25
     model 1): the sweep measures each dtype's rate and leaves its over-budget points out, saying so."""

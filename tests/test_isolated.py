@@ -157,6 +157,37 @@ def test_a_step_whose_passes_both_ran_in_a_spell_is_timed_again(monkeypatch, slo
     assert rows[1][other] == calm[other]
 
 
+@pytest.mark.parametrize("anchored", [True, False])
+def test_a_spell_as_long_as_the_runs_is_seen_against_the_calibrations_probe(monkeypatch, anchored):
+    """Every step of both passes ran in one spell (the GEMM probe 35 us throughout, the steps 1.5x):
+    against the runs' own readings nothing is slow. Given the calibration's usual time (23 us), every
+    step is timed again once the probe reads it, and keeps the quicker timing."""
+    from pipeline.harness import spells
+    from pipeline.sweeps import workload_runs
+    from pipeline.workloads import isolated
+
+    seen = []
+
+    def fake_child(workload, spec, batch, seq, *args, **kw):
+        seen.append((workload, batch))
+        t = 1500.0 if len(seen) <= 8 else 1000.0
+        return Measurement(np.array([t, t, t]), faults_per_call=0.0)
+
+    monkeypatch.setattr(spells, "probe_us", lambda: 35.0 if len(seen) < 8 else 20.0)
+    monkeypatch.setattr(spells, "host_probe_us", lambda: 3.0)
+    monkeypatch.setattr(isolated, "measure_in_child", fake_child)
+    monkeypatch.setattr(spells, "MIN_READINGS", 8)
+    monkeypatch.setattr(spells.time, "sleep", lambda s: None)
+    profile = replace(get_profile("tiny"), workloads_in_own_process=True, workload_passes=2, stall_wait_s=60.0)
+    rows = workload_runs.sweep_workloads(identify("cpu"), profile,
+                                         calibration_usual=(23.0, None) if anchored else None)
+    if anchored:
+        assert len(seen) == 12 and seen[8:] == seen[:4]
+        assert all(r["measured_ms"] == pytest.approx(1.0) and r["passes"] == 3 for r in rows)
+    else:
+        assert len(seen) == 8 and all(r["measured_ms"] == pytest.approx(1.5) for r in rows)
+
+
 def test_passes_apart_by_no_more_than_a_steps_spread_are_not_timed_again():
     from pipeline.harness.stalls import passes_disagree as disagree
 

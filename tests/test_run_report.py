@@ -231,3 +231,26 @@ def test_peaks_below_a_tflop_read_in_gflops():
     assert _fmt_flops(1.2e14) == "120.00 TFLOP/s" and _fmt_flops(1.1e11) == "110 GFLOP/s"
     assert _fmt_flops(1.03e9) == "1.03 GFLOP/s" and _fmt_flops(None) == "-"
     assert _fmt_flops(999.7e9) == "1.00 TFLOP/s" and _fmt_flops(999.4e9) == "999 GFLOP/s"
+
+
+def test_the_summary_says_when_the_spell_probe_read_the_runs_slower_than_the_sweeps():
+    """The Zen 5 VM's take of 2026-11-30 16:21: the GEMM probe read 35 us through the workload runs
+    against 23-24 us in the sweeps and traces, while the speed probe read 3 % apart: the summary
+    sets the spell probe's medians side by side as it does the host probe's."""
+    import pandas as pd
+
+    from pipeline.analysis.report import render_summary
+
+    preds = pd.DataFrame([{"workload": "dlrm", "config": "c", "batch": 32, "seq": 0, "measured_ms": 1.0,
+                           "predictor": "e2e_shared", "predicted_ms": 0.7, "rel_err": -0.3, "kernel_only_ms": 0.3,
+                           "active_measured_ms": 0.5}])
+    tables = {"predictions": preds,
+              "gemm_samples": pd.DataFrame({"device": "d", "probe_us": [23.0, 23.5, 24.0]}),
+              "workload_graphs": pd.DataFrame({"device": "d", "probe_us": [23.8]}),
+              "workload_runs": pd.DataFrame({"device": "d", "probe_us": [35.0, 35.5, 36.0]})}
+    text = render_summary(TablesWarehouse(tables), "d")
+    assert ("machine spells: the spell probe (a 128^3 mm, its median) took 23.5 us during the GEMM sweep, "
+            "23.8 us during the traces, 35.5 us during the workload runs:") in text
+    assert "host probe" not in text  # no host readings: no host line
+    calm = {**tables, "workload_runs": pd.DataFrame({"device": "d", "probe_us": [24.5]})}
+    assert "machine spells" not in render_summary(TablesWarehouse(calm), "d")

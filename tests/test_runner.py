@@ -205,3 +205,82 @@ def test_a_column_only_later_rows_have_is_written(tmp_path):
     path = write_rows([{"a": 1}, {"a": 2, "kept_us": 3.5}], tmp_path, "gemm_samples")
     got = pd.read_parquet(path)
     assert list(got.columns) == ["a", "kept_us"] and got["kept_us"].isna().tolist() == [True, False]
+
+
+def test_the_calibrations_usual_probes_reach_the_runs_and_traces_alone(monkeypatch, tmp_path):
+    """--usual-probes reaches the sweeps that test spells against the calibration (runner.SPELL_ANCHORED);
+    `all` takes them from its own GEMM sweep's rows when none are given."""
+    got = {}
+
+    def fake(name, rows=()):
+        def sweep(dev, profile, log=None, **kw):
+            got[name] = kw
+            return [dict(r) for r in rows] or [{"median_us": 1.0}]
+        return sweep
+
+    gemm_rows = [{"median_us": 1.0, "probe_us": 20.0 + i, "host_probe_us": 3.0} for i in range(40)]
+    monkeypatch.setattr(runner, "_canary", lambda dev, sweep: None)
+    import types
+    fakes = {"gemm": fake("gemm", gemm_rows), "utility": fake("utility"), "workloads": fake("workloads")}
+    monkeypatch.setattr(runner.importlib, "import_module",
+                        lambda module: types.SimpleNamespace(**{f: fakes[s] for s, (m, f) in runner.SWEEP_FUNCS.items()
+                                                               if s in fakes and m == module}))
+    assert runner.main(["utility", "workloads", "--device", "cpu", "--profile", "tiny", "--out", str(tmp_path),
+                        "--usual-probes", "23.5,"]) == 0
+    assert got == {"utility": {}, "workloads": {"calibration_usual": (23.5, None)}}
+    got.clear()
+    assert runner.main(["gemm", "workloads", "--device", "cpu", "--profile", "tiny", "--out", str(tmp_path)]) == 0
+    assert got["gemm"] == {} and got["workloads"] == {"calibration_usual": (29.75, 3.0)}  # their lower quartiles
+
+
+@pytest.mark.parametrize("text", ["abc", "23", "23,4,5", "-1,2", "0,", ",inf"])
+def test_bad_usual_probes_stop_the_runner_before_it_measures(tmp_path, capsys, text):
+    assert runner.main(["device", f"--usual-probes={text}", "--out", str(tmp_path)]) == 2
+    assert f"--usual-probes {text!r}" in capsys.readouterr().err
+    assert not tmp_path.exists() or not list(tmp_path.iterdir())
+
+
+def test_the_asset_reads_the_calibrations_usual_probes_from_its_gemm_rows():
+    from assets.common import calibration_usual
+
+    class Warehouse:
+        def __init__(self, rows):
+            self.rows = rows
+
+        def device_rows(self, table, device):
+            assert (table, device) == ("gemm_samples", "d")
+            if self.rows is None:
+                raise DevcharError(f"table {table!r} does not exist yet")
+            return self.rows
+
+    rows = pd.DataFrame({"probe_us": [20.0 + i for i in range(40)], "host_probe_us": float("nan")})
+    assert calibration_usual(Warehouse(rows), "d", "workloads") == {"usual_probes": (29.75, None)}
+    assert calibration_usual(Warehouse(rows), "d", "traces") == {"usual_probes": (29.75, None)}
+    assert calibration_usual(Warehouse(rows), "d", "utility") == {}
+    assert calibration_usual(Warehouse(None), "d", "workloads") == {}
+    assert calibration_usual(Warehouse(pd.DataFrame({"median_us": [1.0] * 40})), "d", "workloads") == {}  # a GPU's
+
+
+def test_the_subprocess_runner_passes_the_usual_probes_on(monkeypatch):
+    from types import SimpleNamespace
+
+    import resources.devices as devices_mod
+    from resources.devices import DeviceRunner
+
+    cmds = []
+
+    class Client:
+        def __init__(self, **kw):
+            pass
+
+        def run(self, command, context):
+            cmds.append(command)
+            return SimpleNamespace(get_custom_messages=lambda: [])
+
+    monkeypatch.setattr(devices_mod.dg, "PipesSubprocessClient", Client)
+    monkeypatch.setattr(devices_mod, "read_results", lambda messages, out, sweep: {})
+    context = SimpleNamespace(run=SimpleNamespace(run_id="r" * 20))
+    runner_ = DeviceRunner(profile="tiny", mode="subprocess")
+    runner_._run_subprocess(context, "workloads", "cpu-x", (23.5, None))
+    runner_._run_subprocess(context, "utility", "cpu-x")
+    assert cmds[0][-2:] == ["--usual-probes", "23.5,"] and "--usual-probes" not in cmds[1]

@@ -108,3 +108,16 @@ def test_either_probe_can_say_spell_and_a_missing_reading_says_nothing():
     assert not spells.pair_in_spell(float("nan"), None, usual)
     assert not spells.pair_in_spell(99.0, 99.0, (None, None))
     assert spells.usual_pair([(20.0, float("nan"))] * spells.MIN_READINGS) == (20.0, None)
+
+
+def test_a_spell_as_long_as_a_sweep_is_read_against_the_calibrations_usual_time():
+    """A sweep whose every reading is a spell's has that spell as its own usual time; the lower of
+    its own and the calibration's per probe flags it (the Zen 5 VM's workload runs, 2026-11-30:
+    35 us through the runs, 23 us in the GEMM sweep)."""
+    own, calibration = (35.0, 2.2), (23.0, 2.4)
+    assert spells.anchored_usual(own, calibration) == (23.0, 2.2)  # a quicker host in the runs stays theirs
+    assert spells.pair_in_spell(35.0, 2.2, spells.anchored_usual(own, calibration))
+    assert not spells.pair_in_spell(35.0, 2.2, own)
+    assert spells.anchored_usual(own, None) == own
+    assert spells.anchored_usual((None, None), (23.0, None)) == (23.0, None)
+    assert spells.anchored_usual((35.0, None), (None, None)) == (35.0, None)

@@ -60,7 +60,7 @@ def render_summary(warehouse, device: str, run_id: str | None = None) -> str:
         p, spread = _with_pass_spread(warehouse, device, p)
         for workload, g in p.groupby("workload", sort=False):
             lines.append(_workload_section(workload, g))
-        lines += spread + _speed_drift(warehouse, device) + _host_speed(warehouse, device)
+        lines += spread + _speed_drift(warehouse, device) + _probe_speeds(warehouse, device)
     return "\n".join(lines)
 
 
@@ -115,7 +115,7 @@ def _medians(warehouse, device: str, tables: tuple[str, ...], column: str) -> di
     return med
 
 
-HOST_SPEED_APART = 0.10  # host probe medians closer than this: no line (the probe's two states are ~2x apart)
+PROBE_SPEED_APART = 0.10  # a probe's medians closer than this: no line (the host probe's two states are ~2x apart)
 # where the host probe is read (harness/spells.py), in the order a take runs them: table -> when
 HOST_PHASES = {"gemm_samples": "the GEMM sweep", "utility_samples": "the utility sweep",
                "attention_samples": "the attention sweep", "embedding_samples": "the embedding sweep",
@@ -123,18 +123,28 @@ HOST_PHASES = {"gemm_samples": "the GEMM sweep", "utility_samples": "the utility
                "workload_runs": "the workload runs"}
 
 
-def _host_speed(warehouse, device: str) -> list[str]:
-    """One line: how fast the host ran ops (the host probe's median per table, harness/spells.py)
-    in each sweep of the take, the kernel sweeps the tables are fitted on, the traces the shared
-    overheads come from and the workload runs they are scored against; nothing without the runs'
-    readings and one other's, or when all are within HOST_SPEED_APART."""
-    med = _medians(warehouse, device, tuple(HOST_PHASES), "host_probe_us")
-    if "workload_runs" not in med or len(med) < 2 or max(med.values()) < (1 + HOST_SPEED_APART) * min(med.values()):
-        return []
-    said = ", ".join(f"{us:.2f} us during {HOST_PHASES[t]}" for t, us in med.items())
-    return [f"host speed: a tiny op took (the host probe's median) {said}: the steps of many small ops (DLRM, "
-            "batch 1) and their shared overheads move with it, and small memory-bound kernels may; an error of "
-            "about the ratio between the traces and the runs is the host's state, not the model"]
+def _probe_speeds(warehouse, device: str) -> list[str]:
+    """Two lines at most: how fast the machine ran in each sweep of the take (the kernel sweeps the
+    tables are fitted on, the traces the shared overheads come from, the workload runs they are
+    scored against) by each spell probe's median per table (harness/spells.py); a probe's line only
+    with the runs' readings and one other's, and phases PROBE_SPEED_APART or more apart.
+    The GEMM probe's line since a take (Zen 5 EPYC VM, 2026-11-30 16:21) whose probe read 35 us
+    through the workload runs against 23 us in every sweep before them, its steps 1.3-1.6x the
+    reference take's, while the speed probe (canary.py) before and after the runs read 3 % apart."""
+    lines = []
+    for column, head, digits, why in (
+            ("probe_us", "machine spells: the spell probe (a 128^3 mm, its median) took", 1,
+             "a step timed while it read slow ran slow with it, so an error of about the ratio between the "
+             "workload runs and the GEMM sweep is the machine's state, not the model"),
+            ("host_probe_us", "host speed: a tiny op took (the host probe's median)", 2,
+             "the steps of many small ops (DLRM, batch 1) and their shared overheads move with it, and small "
+             "memory-bound kernels may; an error of about the ratio between the traces and the runs is the "
+             "host's state, not the model")):
+        med = _medians(warehouse, device, tuple(HOST_PHASES), column)
+        if "workload_runs" in med and len(med) > 1 and max(med.values()) >= (1 + PROBE_SPEED_APART) * min(med.values()):
+            said = ", ".join(f"{us:.{digits}f} us during {HOST_PHASES[t]}" for t, us in med.items())
+            lines.append(f"{head} {said}: {why}")
+    return lines
 
 
 _TITLES = {"gpt2": "GPT-2 forward", "dlrm": "DLRM training step"}

@@ -151,6 +151,18 @@ def usual_pair(readings) -> tuple[float | None, float | None]:
     return usual_us([r[0] for r in pairs]), usual_us([r[1] for r in pairs])
 
 
+def anchored_usual(own: tuple[float | None, float | None],
+                   calibration: tuple[float | None, float | None] | None) -> tuple[float | None, float | None]:
+    """Each probe's usual time for a sweep's spell test: the lower of the sweep's own (usual_pair)
+    and the device calibration's (the GEMM sweep's readings), whichever are known.
+    Why: a spell that lasts the whole sweep is its own usual time, and flags nothing. On the Zen 5
+    EPYC VM (2026-11-30 16:21-16:23) the GEMM probe read 35 us around every workload step, against
+    23 us through the GEMM, utility and memory sweeps and the traces just before, and the steps ran
+    1.3-1.6x the reference take's; the runs flagged none of them."""
+    calibration = calibration or (None, None)
+    return tuple(min((u for u in pair if u is not None), default=None) for pair in zip(own, calibration))
+
+
 def pair_in_spell(gemm: float | None, host: float | None, usual: tuple[float | None, float | None]) -> bool:
     """Whether either probe read over SPELL_RATIO times its usual time (None: no usual, no spell)."""
     return any(u is not None and r is not None and math.isfinite(r) and r > SPELL_RATIO * u

@@ -15,7 +15,7 @@ from pipeline.device.discover import DeviceIdentity
 from pipeline.predict.gemm_alias import ALIAS_GRID, rows_alias, short_k, twin_steps
 from pipeline.predict.gemm_batch import BATCH_GRID
 from pipeline.predict.gemm_grids import COLD_GRID, COLD_HELDOUT, LINE_BASE_GRID, line_elements
-from pipeline.predict.gemm_narrow import NARROW_GRID
+from pipeline.predict.gemm_narrow import NARROW_GRID, TWIN_N_GRID
 from pipeline.predict.geometry import whole_wave_shape
 from pipeline.sweeps.cpu_kernels import ATEN_KERNEL
 from pipeline.sweeps.profiles import Profile, wave_counts
@@ -159,7 +159,7 @@ def _lattice(dev: DeviceIdentity, profile: Profile, ops: tuple[str, ...], batch:
     two = cells([TWO], [*sides, TWO]) + cells(sides, [TWO])
     # the large class's K twin is left out: its K is a model's width, and each point costs seconds
     twins = [p for p in unaligned_twins(grid, twin_k)
-             if p.grid in ("unaligned_n", LINE_BASE_GRID) or not past_whole_wave(p, profile)]
+             if p.grid in (TWIN_N_GRID, LINE_BASE_GRID) or not past_whole_wave(p, profile)]
     return grid + two + twins
 
 
@@ -199,9 +199,9 @@ def unaligned_twins(grid: list[GemmPoint], k: int) -> list[GemmPoint]:
             continue
         if rows_alias(p.n, p.dtype):
             line = line_elements(p.dtype)
-            out += [replace(p, grid=LINE_BASE_GRID, n=p.n + line), replace(p, grid="unaligned_n", n=p.n + line + 1)]
+            out += [replace(p, grid=LINE_BASE_GRID, n=p.n + line), replace(p, grid=TWIN_N_GRID, n=p.n + line + 1)]
         else:
-            out.append(replace(p, grid="unaligned_n", n=p.n + 1))
+            out.append(replace(p, grid=TWIN_N_GRID, n=p.n + 1))
         out.append(replace(p, grid="unaligned_k", k=p.k + 1))
     return out
 
@@ -316,6 +316,9 @@ def within_call_budget(pts: list[GemmPoint], rates: dict[str, float],
     kept, dropped = [], []
     for p in pts:
         rate = rates.get(p.dtype)
-        over = rate and p.flops / rate > max_call_s
+        # a line base is judged at its twin's FLOPs (one column more): kept without its twin it
+        # would cost a call near the cap and pair with nothing
+        flops = p.flops * (p.n + 1) / p.n if p.grid == LINE_BASE_GRID else p.flops
+        over = rate and flops / rate > max_call_s
         (dropped if over else kept).append(p)
     return kept, dropped

@@ -30,12 +30,14 @@ import math
 
 from pipeline.device.discover import DeviceIdentity
 from pipeline.harness.progress import Progress
-from pipeline.harness.spells import again_when_usual, pair_in_spell, read_both_around, usual_pair
+from pipeline.harness.spells import again_when_usual, anchored_usual, pair_in_spell, read_both_around, usual_pair
 from pipeline.sweeps.profiles import Profile
 from pipeline.sweeps.catalog import workload_entries
 
 
-def sweep_traces(dev: DeviceIdentity, profile: Profile, log=None, dtype: str = "float32") -> dict[str, list[dict]]:
+def sweep_traces(dev: DeviceIdentity, profile: Profile, log=None, dtype: str = "float32",
+                 calibration_usual: tuple[float | None, float | None] | None = None) -> dict[str, list[dict]]:
+    """Every workload captured; `calibration_usual` as in workload_runs.sweep_workloads."""
     from pipeline.workloads.host_time import measure_profiler_overhead
 
     todo = workload_entries(profile)
@@ -63,7 +65,7 @@ def sweep_traces(dev: DeviceIdentity, profile: Profile, log=None, dtype: str = "
     # a kept capture a probe says ran in a slow spell (harness/spells.py) is taken once more once
     # both probes read their usual times, as the workload runs are timed again: its gaps are
     # what every other workload's shared overheads are fitted on
-    usual = usual_pair(readings) if passes > 1 else (None, None)
+    usual = anchored_usual(usual_pair(readings) if passes > 1 else (None, None), calibration_usual)
     again = [i for i in range(len(todo)) if pair_in_spell(kept[i][0].get("probe_us"), kept[i][0].get("host_probe_us"),
                                                          usual)]
     prog.total += len(again)

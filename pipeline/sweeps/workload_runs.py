@@ -30,14 +30,17 @@ import math
 
 from pipeline.device.discover import DeviceIdentity
 from pipeline.harness.progress import Progress
-from pipeline.harness.spells import again_when_usual, pair_in_spell, read_both_around, usual_pair
+from pipeline.harness.spells import again_when_usual, anchored_usual, pair_in_spell, read_both_around, usual_pair
 from pipeline.harness.stalls import passes_disagree
 from pipeline.harness.timer import Measurement
 from pipeline.sweeps.catalog import WorkloadEntry, workload_entries
 from pipeline.sweeps.profiles import Profile
 
 
-def sweep_workloads(dev: DeviceIdentity, profile: Profile, log=None, dtype: str = "float32") -> list[dict]:
+def sweep_workloads(dev: DeviceIdentity, profile: Profile, log=None, dtype: str = "float32",
+                    calibration_usual: tuple[float | None, float | None] | None = None) -> list[dict]:
+    """Every evaluated workload step timed; `calibration_usual`: the spell probes' usual times in the
+    device's calibration (harness/spells.anchored_usual), so a spell as long as the runs is seen."""
     todo = workload_entries(profile, evaluated_only=True)
     # a GPU's step is timed by the device, not by a host that other tenants slow down
     passes = max(profile.workload_passes, 1) if dev.kind == "cpu" else 1
@@ -69,7 +72,7 @@ def sweep_workloads(dev: DeviceIdentity, profile: Profile, log=None, dtype: str 
     # or kept a timing a probe says ran in a slow spell (harness/spells.py): both passes can
     # land in one (2026-11-27 18:13, every DLRM step 1.5x its time re-measured at 18:30, passes
     # 2-12 % apart)
-    usual = usual_pair(readings) if passes > 1 else (None, None)
+    usual = anchored_usual(usual_pair(readings) if passes > 1 else (None, None), calibration_usual)
     spell = [pair_in_spell(m.probe_us, m.host_probe_us, usual) for m in kept]
     disagree = [passes > 1 and passes_disagree(medians[i], kept[i].cv) for i in range(len(todo))]
     again = [i for i in range(len(todo)) if disagree[i] or spell[i]]

@@ -89,14 +89,17 @@ def row_count(n: int) -> dict:
     return {"dagster/row_count": dg.MetadataValue.int(int(n))}
 
 
-def calibration_usual(warehouse, device: str, sweep: str) -> dict:
+def calibration_usual(warehouse, device: str, sweep: str, log=None) -> dict:
     """{"usual_probes": (GEMM probe, host probe)} for a sweep that tests its spells against the
     device's calibration too (runner.SPELL_ANCHORED): each probe's usual time over the device's
-    gemm_samples rows, the table most predictions rest on (harness/spells.anchored_usual). Empty
-    for other sweeps, and where those rows hold no readings (a GPU's, or a calibration from before
-    the probes)."""
+    stored gemm_samples rows, the table most predictions rest on (harness/spells.anchored_usual),
+    said to `log` with the run they came from. Stored, not this run's: a run that materializes the
+    workload runs without the GEMM sweep scores them against the stored calibration, so that is the
+    machine state to test them against. Empty for other sweeps, and where those rows hold no
+    readings (a GPU's, or a calibration from before the probes)."""
     from pipeline.core.errors import DevcharError
-    from pipeline.runner import SPELL_ANCHORED, usual_of_rows
+    from pipeline.harness.spells import usual_of_rows
+    from pipeline.runner import SPELL_ANCHORED
 
     if sweep not in SPELL_ANCHORED:
         return {}
@@ -104,5 +107,11 @@ def calibration_usual(warehouse, device: str, sweep: str) -> dict:
         rows = warehouse.device_rows("gemm_samples", device)
     except DevcharError:  # no GEMM table yet: the sweep's own readings alone
         return {}
-    usual = usual_of_rows(rows.to_dict("records"))
+    usual = usual_of_rows(rows.reindex(columns=["probe_us", "host_probe_us"]).to_dict("records"))
+    if usual and log:
+        runs = ", ".join(sorted(map(str, rows["run_id"].dropna().unique()))) if "run_id" in rows else "?"
+        said = ", ".join(f"{name} {'-' if u is None else f'{u:.2f} us'}"
+                         for name, u in zip(("GEMM probe", "host probe"), usual))
+        log(f"{sweep}: spells also tested against the usual times of {device}'s stored gemm_samples (run {runs}): "
+            f"{said}")
     return {"usual_probes": usual} if usual else {}

@@ -145,7 +145,8 @@ def sample_asset(*, sweep: str, checks: Checks = timing_checks(),
         def _sample(context: dg.AssetExecutionContext, device_runner: DeviceRunner,
                     warehouse: DuckDBWarehouse, quality_gates: QualityGates) -> dg.MaterializeResult:
             device, gates = context.partition_key, quality_gates.gates()
-            df = device_runner.run(context, sweep, device, **calibration_usual(warehouse, device, sweep))
+            anchor = calibration_usual(warehouse, device, sweep, context.log.info)
+            df = device_runner.run(context, sweep, device, **anchor)
             previous = previous_rows(warehouse, name, device) if tracks_drift else None
             drift = None if previous is None else drift_.table_drift(previous, df, name, gates)
             parts = [(name, device, df)]

@@ -26,7 +26,8 @@ from resources.warehouse import DuckDBWarehouse
                               description="every gap is a finite number >= 0 of a known type (T1-T5)")])
 def overhead_traces(context: dg.AssetExecutionContext, device_runner: DeviceRunner, warehouse: DuckDBWarehouse):
     device = context.partition_key
-    tables = device_runner.run_tables(context, "traces", device, **calibration_usual(warehouse, device, "traces"))
+    anchor = calibration_usual(warehouse, device, "traces", context.log.info)
+    tables = device_runner.run_tables(context, "traces", device, **anchor)
     samples, graphs = tables["overhead_samples"], tables["workload_graphs"]
     written = {t: warehouse.replace_partition(t, device, rows)
                for t, rows in (("overhead_samples", samples), ("workload_graphs", graphs))}

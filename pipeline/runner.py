@@ -31,8 +31,8 @@ SWEEPS = {  # sweep name -> table it fills
     "opencl": "opencl_launches",
 }
 ALSO_WRITES = {"traces": ("overhead_samples",), "gemm_configs": ("gemm_config_choices",)}
-# sweep -> (module, function(dev, profile, log)); imported only when that sweep runs, so a
-# bare GPU node needs none of the others' dependencies
+# sweep -> (module, function(dev, profile, log), which SPELL_ANCHORED's also take calibration_usual=);
+# imported only when that sweep runs, so a bare GPU node needs none of the others' dependencies
 SWEEP_FUNCS = {
     "gemm": ("pipeline.sweeps.gemm", "sweep_gemm"),
     "utility": ("pipeline.sweeps.utility", "sweep_utility"),
@@ -47,7 +47,9 @@ SWEEP_FUNCS = {
 
 
 # sweeps whose spell test also reads the calibration's usual probe times (--usual-probes,
-# harness/spells.anchored_usual): they run after the kernel sweeps the predictors are fitted on
+# harness/spells.anchored_usual): the steps and traces scored against the kernel tables
+# the predictors are fitted on, whose GEMM sweep's readings (the stored one's, or this run's) say
+# how fast the machine ran then
 SPELL_ANCHORED = ("workloads", "traces")
 
 
@@ -221,6 +223,7 @@ def timing_scale_set(scale: float | None):
 
 
 def main(argv: list[str] | None = None) -> int:
+
     ap = argparse.ArgumentParser(prog="python -m pipeline.runner", description=__doc__)
     ap.add_argument("sweeps", nargs="+", help=f"one or more of {sorted(SWEEPS)} or 'all'")
     from pipeline.core.slugs import device_arg
@@ -244,6 +247,7 @@ def main(argv: list[str] | None = None) -> int:
     # would bury the progress lines; errors still print. Set before torch is imported.
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
     from pipeline.core.errors import DevcharError
+    from pipeline.harness.spells import usual_of_rows
 
     names = all_sweeps(args.device) if args.sweeps == ["all"] else args.sweeps
     with contextlib.ExitStack() as stack:
@@ -253,6 +257,9 @@ def main(argv: list[str] | None = None) -> int:
         except DevcharError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
+        if usual and not set(names) & set(SPELL_ANCHORED):
+            print(f"warning: --usual-probes: none of {names} tests spells against them (only {SPELL_ANCHORED})",
+                  file=sys.stderr)
         pipes = _open_pipes(stack)
         log = pipes.log.info if pipes else None
         start = time.perf_counter()
@@ -261,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
                 t0 = time.perf_counter()
                 tables = run_sweep_tables(name, args.device, args.profile, args.run_id, log, args.out,
                                           args.threads, usual)
-                if name == "gemm" and usual is None:  # `all`: the later runs test spells against it too
+                if name == "gemm" and usual is None:  # the runs and traces after it test spells against it too
                     usual = usual_of_rows(tables["gemm_samples"])
                 for table, rows in tables.items():
                     path = write_rows(rows, Path(args.out), table)
@@ -291,15 +298,14 @@ def parse_usual_probes(text: str | None) -> tuple[float | None, float | None] | 
     if len(pair) != 2 or any(u is not None and not 0 < u < float("inf") for u in pair):
         raise DevcharError(f"--usual-probes {text!r}: expected two positive times in us, GEMM_US,HOST_US "
                            "(either may be empty)")
-    return pair
+    return pair if any(u is not None for u in pair) else None
 
 
-def usual_of_rows(rows: list[dict]) -> tuple[float | None, float | None] | None:
-    """The spell probes' usual times over sample rows (harness/spells.usual_pair); None without readings."""
-    from pipeline.harness.spells import usual_pair
-
-    usual = usual_pair((r.get("probe_us", math.nan), r.get("host_probe_us", math.nan)) for r in rows)
-    return usual if any(u is not None for u in usual) else None
+def usual_probes_args(usual: tuple[float | None, float | None] | None) -> list[str]:
+    """The runner's `--usual-probes` arguments for `usual` (parse_usual_probes' inverse); none for None."""
+    if not usual:
+        return []
+    return ["--usual-probes", ",".join("" if u is None else repr(float(u)) for u in usual)]
 
 
 def all_sweeps(device: str) -> list[str]:

@@ -27,7 +27,7 @@ from pydantic import field_validator
 
 from pipeline.core.config import REPO_ROOT, reference_root
 from pipeline.core.errors import UnknownDeviceError
-from pipeline.runner import SWEEPS, tables_of
+from pipeline.runner import SWEEPS, tables_of, usual_probes_args
 from pipeline.core.slugs import SLUG, check_slug, under
 from resources.env import as_text, number
 from resources.k8s import K8sSettings, run_pod, sweep_pod
@@ -131,12 +131,11 @@ class DeviceRunner(dg.ConfigurableResource):
     def run_tables(self, context: dg.AssetExecutionContext, sweep: str, device: str,
                    usual_probes: tuple[float | None, float | None] | None = None) -> dict[str, pd.DataFrame]:
         """Every table the sweep fills (runner.tables_of), by name. `usual_probes`: the spell
-        probes' usual times in the device's calibration (runner --usual-probes); a pod gets none,
-        since the probes are read on a CPU device only."""
+        probes' usual times in the device's calibration (runner --usual-probes)."""
         from pipeline.device.discover import local_devices
 
         if self.source != "reference" and self.mode == "k8s" and device in self.k8s.devices:
-            return self._run_k8s(context, sweep, device)
+            return self._run_k8s(context, sweep, device, usual_probes)
         if self.source == "reference" or device not in local_devices():
             out = {}
             for table in tables_of(sweep):
@@ -157,21 +156,21 @@ class DeviceRunner(dg.ConfigurableResource):
         return {t: pd.DataFrame(rows) for t, rows in tables.items()}
 
     def _run_subprocess(self, context: dg.AssetExecutionContext, sweep: str, device: str,
-                        usual_probes=None) -> dict[str, pd.DataFrame]:
+                        usual_probes: tuple[float | None, float | None] | None = None) -> dict[str, pd.DataFrame]:
         with tempfile.TemporaryDirectory(prefix="devchar-runner-") as out:
             cmd = [sys.executable, "-m", "pipeline.runner", sweep, "--device", device, "--profile",
                    self.profile, "--out", out, "--run-id", context.run.run_id[:12], "--threads", str(self.threads),
-                   "--timing-scale", repr(self.scale())]
-            if usual_probes:
-                cmd += ["--usual-probes", ",".join("" if u is None else repr(float(u)) for u in usual_probes)]
+                   "--timing-scale", repr(self.scale()), *usual_probes_args(usual_probes)]
             client = dg.PipesSubprocessClient(cwd=str(REPO_ROOT), message_reader=WholeLineMessageReader())
             invocation = client.run(command=cmd, context=context)
             return read_results(list(invocation.get_custom_messages()), Path(out), sweep)
 
-    def _run_k8s(self, context: dg.AssetExecutionContext, sweep: str, device: str) -> dict[str, pd.DataFrame]:
+    def _run_k8s(self, context: dg.AssetExecutionContext, sweep: str, device: str,
+                 usual_probes: tuple[float | None, float | None] | None = None) -> dict[str, pd.DataFrame]:
         """One pod for the sweep on the device's node; its tables read back from the shared volume."""
         out = Path(self.k8s.results_dir) / context.run.run_id / f"{sweep}-{uuid.uuid4().hex[:8]}"
-        pod = sweep_pod(self.k8s, device, sweep, self.profile, context.run.run_id[:12], out, self.scale())
+        pod = sweep_pod(self.k8s, device, sweep, self.profile, context.run.run_id[:12], out, self.scale(),
+                        usual_probes)
         context.log.info(f"{device}: sweep {sweep} in a pod ({pod.image}, nodes {pod.base_pod_spec['node_selector']})")
         try:
             return read_results(run_pod(context, self.k8s, pod), out, sweep)

@@ -23,6 +23,7 @@ from pathlib import Path
 import dagster as dg
 
 from pipeline.core.slugs import check_slug
+from pipeline.runner import usual_probes_args
 
 CONTAINER = "devchar-runner"
 
@@ -70,8 +71,9 @@ def _label(value: str) -> str:
 
 
 def sweep_pod(settings: K8sSettings, device: str, sweep: str, profile: str, run_id: str, out_dir: Path,
-              timing_scale: float = 1.0) -> SweepPod:
-    """The pod that runs `sweep` for `device` and writes its tables under `out_dir` (on the shared volume)."""
+              timing_scale: float = 1.0, usual_probes: tuple[float | None, float | None] | None = None) -> SweepPod:
+    """The pod that runs `sweep` for `device` and writes its tables under `out_dir` (on the shared
+    volume); `usual_probes` as the runner's --usual-probes (a CPU node's workload runs and traces)."""
     check_slug(device, "partition key")
     if device not in settings.devices:
         raise KeyError(f"no Kubernetes pod configured for device {device!r}; have {sorted(settings.devices)}")
@@ -80,7 +82,8 @@ def sweep_pod(settings: K8sSettings, device: str, sweep: str, profile: str, run_
     if not image:
         raise ValueError(f"no image for device {device!r}: set device_runner.k8s.image or its devices entry")
     command = ["python", "-m", "pipeline.runner", sweep, "--device", device, "--profile", profile,
-               "--out", str(out_dir), "--run-id", run_id, "--timing-scale", repr(float(timing_scale))]
+               "--out", str(out_dir), "--run-id", run_id, "--timing-scale", repr(float(timing_scale)),
+               *usual_probes_args(usual_probes)]
     env = {"DEVCHAR_PROFILE": profile, "PYTHONUNBUFFERED": "1", **settings.env}
     limits = {"cpu": pod.cpu, "memory": pod.memory}
     if pod.gpus:

@@ -30,10 +30,11 @@ def test_the_code_location_loads_every_asset_the_assets_package_defines():
 
 class StubRunner:
     def __init__(self, rows: pd.DataFrame):
-        self.rows, self.sweeps = rows, []
+        self.rows, self.sweeps, self.kwargs = rows, [], []
 
-    def run(self, context, sweep: str, device: str) -> pd.DataFrame:
+    def run(self, context, sweep: str, device: str, **kwargs) -> pd.DataFrame:
         self.sweeps.append((sweep, device))
+        self.kwargs.append(kwargs)
         return self.rows
 
 
@@ -92,6 +93,27 @@ def test_a_sample_asset_runs_its_sweep_stores_the_rows_and_reports_them():
     assert list(meta) == ["rows", "device_seen", "dagster/row_count"]
     assert meta["rows"].value == 3 and meta["dagster/row_count"].value == 3 and meta["device_seen"].text == DEVICE
     assert _checks(result) == {"finite_positive": True}
+
+
+def test_the_workload_runs_asset_hands_the_runner_its_calibrations_usual_probes():
+    """The stored gemm_samples' probe readings reach the workloads sweep (assets/common.calibration_usual);
+    another sweep's asset gets none."""
+    @sample_asset(sweep="workloads", checks=timing_checks("measured_ms"))
+    def workload_runs(df, device):
+        """Workload runs."""
+        return {}
+
+    @sample_asset(sweep="memory")
+    def memory_samples(df, device):
+        """Memory kernels."""
+        return {}
+
+    stored = pd.DataFrame({"device": DEVICE, "median_us": 1.0, "probe_us": [20.0 + i for i in range(40)],
+                           "host_probe_us": 3.0, "measured_ms": 1.0, "run_id": "r1"})
+    for asset, expected in ((workload_runs, {"usual_probes": (29.75, 3.0)}), (memory_samples, {})):
+        runner = StubRunner(stored)
+        assert _materialize(asset, device_runner=runner, warehouse=StubWarehouse(stored)).success
+        assert runner.kwargs == [expected]
 
 
 def test_a_sample_asset_with_a_bad_timing_fails_its_blocking_check():

@@ -19,8 +19,7 @@ def test_points_over_the_call_budget_at_their_dtypes_rate_are_left_out():
 def test_a_line_base_is_left_out_with_its_twin_not_kept_alone():
     """A line base (grid line_n) has one column fewer than its twin, so a base just under the cap
     would be kept while its twin was dropped, costing a call near the cap and pairing with nothing."""
-    from pipeline.predict.gemm_grids import LINE_BASE_GRID
-    from pipeline.predict.gemm_narrow import TWIN_N_GRID
+    from pipeline.predict.gemm_grids import LINE_BASE_GRID, TWIN_N_GRID
     from pipeline.sweeps.gemm_points import GemmPoint, within_call_budget
 
     base = GemmPoint("linear", "float32", 1, 1000, 1000, 1000, False, LINE_BASE_GRID)  # 2e9 FLOPs

@@ -186,6 +186,10 @@ def test_a_spell_as_long_as_the_runs_is_seen_against_the_calibrations_probe(monk
         assert all(r["measured_ms"] == pytest.approx(1.0) and r["passes"] == 3 for r in rows)
     else:
         assert len(seen) == 8 and all(r["measured_ms"] == pytest.approx(1.5) for r in rows)
+    seen.clear()  # one pass tests no spells, against the calibration or not (the tiny profile, a scaled run)
+    rows = workload_runs.sweep_workloads(identify("cpu"), replace(profile, workload_passes=1),
+                                         calibration_usual=(23.0, None) if anchored else None)
+    assert len(seen) == 4 and all(r["passes"] == 1 for r in rows)
 
 
 def test_passes_apart_by_no_more_than_a_steps_spread_are_not_timed_again():

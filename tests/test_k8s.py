@@ -71,6 +71,10 @@ def test_a_cpu_device_pod_asks_for_no_gpu_and_uses_its_own_image(tmp_path):
     (c,) = body.spec.containers
     assert c.image == "registry.example/devchar-cpu:1.0" and "nvidia.com/gpu" not in c.resources.limits
     assert body.spec.tolerations is None and body.spec.node_selector == {"node-pool": "cpu"}
+    assert "--usual-probes" not in c.command
+    runs = _pod_body(sweep_pod(_settings(tmp_path), "cpu-epyc-9654-96c", "workloads", "quick", "r", tmp_path / "o",
+                               usual_probes=(23.5, 2.25)))
+    assert runs.spec.containers[0].command[-2:] == ["--usual-probes", "23.5,2.25"]
 
 
 def test_an_unconfigured_or_bad_device_is_refused(tmp_path):

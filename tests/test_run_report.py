@@ -254,3 +254,6 @@ def test_the_summary_says_when_the_spell_probe_read_the_runs_slower_than_the_swe
     assert "host probe" not in text  # no host readings: no host line
     calm = {**tables, "workload_runs": pd.DataFrame({"device": "d", "probe_us": [24.5]})}
     assert "machine spells" not in render_summary(TablesWarehouse(calm), "d")
+    # a spell in the embedding sweep alone (the 16:36 take: 31.8 us) says nothing of the steps' prices
+    calm["embedding_samples"] = pd.DataFrame({"device": "d", "probe_us": [31.8]})
+    assert "machine spells" not in render_summary(TablesWarehouse(calm), "d")

@@ -1,4 +1,6 @@
 """The device-side runner: CLI, output files, and the Dagster Pipes subprocess path."""
+from types import SimpleNamespace
+
 import dagster as dg
 import pandas as pd
 import pytest
@@ -107,6 +109,45 @@ def test_a_capture_that_ran_in_a_host_spell_is_taken_once_more(monkeypatch):
     assert graphs["b"]["passes"] == 3 and graphs["b"]["host_probe_us"] == 3.0 and graphs["b"]["span_ms"] == 10.0
     assert graphs["a"]["passes"] == 2
     assert any("1 captures ran in a slow spell of a probe: 1 taken once more" in m for m in said)
+
+
+@pytest.mark.parametrize("anchored", [True, False])
+def test_traces_in_a_spell_as_long_as_the_sweep_are_taken_again_against_the_calibration(monkeypatch, anchored):
+    """Every capture of both passes read the GEMM probe at 35 us: against the sweep's own readings
+    nothing is slow; against the calibration's 23 us each workload is captured once more."""
+    from dataclasses import replace
+
+    from pipeline.harness import spells
+    from pipeline.sweeps import traces
+    from pipeline.sweeps.catalog import WorkloadEntry
+    from pipeline.sweeps.profiles import get_profile
+    from pipeline.workloads import host_time
+
+    entries = [WorkloadEntry("mlp", c, 1, 0, "train") for c in ("a", "b")]
+    taken = []
+
+    def fake_capture(e, dev, profile, ovh, dtype):
+        taken.append(e.config)
+        slow = len(taken) <= 4
+        return ({"config": e.config, "span_ms": 15.0 if slow else 10.0, "n_ops": 1,
+                 "probe_us": 35.0 if slow else 20.0, "host_probe_us": 3.0},
+                [{"config": e.config, "op": "aten::mm", "type": "T1", "us": 1.0}])
+
+    monkeypatch.setattr(traces, "workload_entries", lambda profile: entries)
+    monkeypatch.setattr(traces, "_capture", fake_capture)
+    monkeypatch.setattr(host_time, "measure_profiler_overhead", lambda: 0.5)
+    monkeypatch.setattr(spells, "MIN_READINGS", 4)
+    monkeypatch.setattr(spells, "probe_us", lambda: 20.0)
+    monkeypatch.setattr(spells, "host_probe_us", lambda: 3.0)
+    said = []
+    out = traces.sweep_traces(identify("cpu"), replace(get_profile("tiny"), workload_passes=2), log=said.append,
+                              calibration_usual=(23.0, None) if anchored else None)
+    spans = {g["config"]: g["span_ms"] for g in out["workload_graphs"]}
+    if anchored:
+        assert taken == ["a", "b", "a", "b", "a", "b"] and spans == {"a": 10.0, "b": 10.0}
+        assert any("usual times from the calibration where it read quicker: GEMM probe 23.0 us" in m for m in said)
+    else:
+        assert taken == ["a", "b", "a", "b"] and spans == {"a": 15.0, "b": 15.0}
 
 
 def test_runner_rejects_unknown_sweep_and_device(tmp_path, capsys):
@@ -220,17 +261,30 @@ def test_the_calibrations_usual_probes_reach_the_runs_and_traces_alone(monkeypat
 
     gemm_rows = [{"median_us": 1.0, "probe_us": 20.0 + i, "host_probe_us": 3.0} for i in range(40)]
     monkeypatch.setattr(runner, "_canary", lambda dev, sweep: None)
-    import types
-    fakes = {"gemm": fake("gemm", gemm_rows), "utility": fake("utility"), "workloads": fake("workloads")}
-    monkeypatch.setattr(runner.importlib, "import_module",
-                        lambda module: types.SimpleNamespace(**{f: fakes[s] for s, (m, f) in runner.SWEEP_FUNCS.items()
-                                                               if s in fakes and m == module}))
-    assert runner.main(["utility", "workloads", "--device", "cpu", "--profile", "tiny", "--out", str(tmp_path),
-                        "--usual-probes", "23.5,"]) == 0
-    assert got == {"utility": {}, "workloads": {"calibration_usual": (23.5, None)}}
+    fakes = {"gemm": fake("gemm", gemm_rows), "utility": fake("utility"), "workloads": fake("workloads"),
+             "traces": fake("traces")}
+
+    def import_module(module):
+        return SimpleNamespace(**{f: fakes[s] for s, (m, f) in runner.SWEEP_FUNCS.items() if s in fakes and m == module})
+
+    monkeypatch.setattr(runner, "importlib", SimpleNamespace(import_module=import_module))
+    assert runner.main(["utility", "workloads", "traces", "--device", "cpu", "--profile", "tiny", "--out",
+                        str(tmp_path), "--usual-probes", "23.5,"]) == 0
+    assert got == {"utility": {}, "workloads": {"calibration_usual": (23.5, None)},
+                   "traces": {"calibration_usual": (23.5, None)}}
     got.clear()
     assert runner.main(["gemm", "workloads", "--device", "cpu", "--profile", "tiny", "--out", str(tmp_path)]) == 0
     assert got["gemm"] == {} and got["workloads"] == {"calibration_usual": (29.75, 3.0)}  # their lower quartiles
+    got.clear()
+    assert runner.main(["workloads", "--device", "cpu", "--profile", "tiny", "--out", str(tmp_path),
+                        "--usual-probes", ","]) == 0  # no times given: none passed on
+    assert got == {"workloads": {}}
+
+
+def test_usual_probes_round_trip_through_the_runners_arguments():
+    for usual in ((23.5, None), (None, 2.25), (23.5, 2.25)):
+        assert runner.parse_usual_probes(runner.usual_probes_args(usual)[1]) == usual
+    assert runner.usual_probes_args(None) == [] and runner.parse_usual_probes(None) is None
 
 
 @pytest.mark.parametrize("text", ["abc", "23", "23,4,5", "-1,2", "0,", ",inf"])
@@ -262,8 +316,6 @@ def test_the_asset_reads_the_calibrations_usual_probes_from_its_gemm_rows():
 
 
 def test_the_subprocess_runner_passes_the_usual_probes_on(monkeypatch):
-    from types import SimpleNamespace
-
     import resources.devices as devices_mod
     from resources.devices import DeviceRunner
 
@@ -280,7 +332,10 @@ def test_the_subprocess_runner_passes_the_usual_probes_on(monkeypatch):
     monkeypatch.setattr(devices_mod.dg, "PipesSubprocessClient", Client)
     monkeypatch.setattr(devices_mod, "read_results", lambda messages, out, sweep: {})
     context = SimpleNamespace(run=SimpleNamespace(run_id="r" * 20))
+    import pipeline.device.discover as discover
+
+    monkeypatch.setattr(discover, "local_devices", lambda: ["cpu-x"])
     runner_ = DeviceRunner(profile="tiny", mode="subprocess")
-    runner_._run_subprocess(context, "workloads", "cpu-x", (23.5, None))
-    runner_._run_subprocess(context, "utility", "cpu-x")
+    runner_.run_tables(context, "workloads", "cpu-x", (23.5, None))
+    runner_.run_tables(context, "utility", "cpu-x")
     assert cmds[0][-2:] == ["--usual-probes", "23.5,"] and "--usual-probes" not in cmds[1]

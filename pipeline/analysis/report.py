@@ -116,8 +116,8 @@ def _medians(warehouse, device: str, tables: tuple[str, ...], column: str) -> di
 
 
 PROBE_SPEED_APART = 0.10  # a probe's medians closer than this: no line (the host probe's two states are ~2x apart)
-# where the host probe is read (harness/spells.py), in the order a take runs them: table -> when
-HOST_PHASES = {"gemm_samples": "the GEMM sweep", "utility_samples": "the utility sweep",
+# where the spell probes are read (harness/spells.py), in the order a take runs them: table -> when
+PROBE_PHASES = {"gemm_samples": "the GEMM sweep", "utility_samples": "the utility sweep",
                "attention_samples": "the attention sweep", "embedding_samples": "the embedding sweep",
                "memory_samples": "the memory sweep", "workload_graphs": "the traces",
                "workload_runs": "the workload runs"}
@@ -126,23 +126,27 @@ HOST_PHASES = {"gemm_samples": "the GEMM sweep", "utility_samples": "the utility
 def _probe_speeds(warehouse, device: str) -> list[str]:
     """Two lines at most: how fast the machine ran in each sweep of the take (the kernel sweeps the
     tables are fitted on, the traces the shared overheads come from, the workload runs they are
-    scored against) by each spell probe's median per table (harness/spells.py); a probe's line only
-    with the runs' readings and one other's, and phases PROBE_SPEED_APART or more apart.
+    scored against) by each spell probe's median per table (harness/spells.py). A probe's line
+    only with the runs' readings, when the phases it compares are PROBE_SPEED_APART or more apart:
+    for the GEMM probe the GEMM sweep, the traces and the runs (what prices, adds to and is scored;
+    a spell in the embedding sweep alone says nothing about them), for the host probe every phase.
     The GEMM probe's line since a take (Zen 5 EPYC VM, 2026-11-30 16:21) whose probe read 35 us
     through the workload runs against 23 us in every sweep before them, its steps 1.3-1.6x the
     reference take's, while the speed probe (canary.py) before and after the runs read 3 % apart."""
     lines = []
-    for column, head, digits, why in (
-            ("probe_us", "machine spells: the spell probe (a 128^3 mm, its median) took", 1,
+    for column, against, head, digits, why in (
+            ("probe_us", ("gemm_samples", "workload_graphs", "workload_runs"),
+             "machine spells: the spell probe (a 128^3 mm, its median) took", 1,
              "a step timed while it read slow ran slow with it, so an error of about the ratio between the "
              "workload runs and the GEMM sweep is the machine's state, not the model"),
-            ("host_probe_us", "host speed: a tiny op took (the host probe's median)", 2,
+            ("host_probe_us", tuple(PROBE_PHASES), "host speed: a tiny op took (the host probe's median)", 2,
              "the steps of many small ops (DLRM, batch 1) and their shared overheads move with it, and small "
              "memory-bound kernels may; an error of about the ratio between the traces and the runs is the "
              "host's state, not the model")):
-        med = _medians(warehouse, device, tuple(HOST_PHASES), column)
-        if "workload_runs" in med and len(med) > 1 and max(med.values()) >= (1 + PROBE_SPEED_APART) * min(med.values()):
-            said = ", ".join(f"{us:.{digits}f} us during {HOST_PHASES[t]}" for t, us in med.items())
+        med = _medians(warehouse, device, tuple(PROBE_PHASES), column)
+        compared = [us for t, us in med.items() if t in against]
+        if "workload_runs" in med and len(compared) > 1 and max(compared) >= (1 + PROBE_SPEED_APART) * min(compared):
+            said = ", ".join(f"{us:.{digits}f} us during {PROBE_PHASES[t]}" for t, us in med.items())
             lines.append(f"{head} {said}: {why}")
     return lines
 

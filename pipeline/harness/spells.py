@@ -151,16 +151,38 @@ def usual_pair(readings) -> tuple[float | None, float | None]:
     return usual_us([r[0] for r in pairs]), usual_us([r[1] for r in pairs])
 
 
+def usual_of_rows(rows) -> tuple[float | None, float | None] | None:
+    """Each probe's usual time (usual_pair) over sample rows (dicts) that carry `probe_us` and
+    `host_probe_us`; None where neither has readings (a GPU's rows, or a table from before the probes)."""
+    usual = usual_pair((r.get("probe_us", math.nan), r.get("host_probe_us", math.nan)) for r in rows)
+    return usual if any(u is not None for u in usual) else None
+
+
 def anchored_usual(own: tuple[float | None, float | None],
                    calibration: tuple[float | None, float | None] | None) -> tuple[float | None, float | None]:
     """Each probe's usual time for a sweep's spell test: the lower of the sweep's own (usual_pair)
-    and the device calibration's (the GEMM sweep's readings), whichever are known.
+    and the device calibration's (the GEMM sweep's readings), whichever are known (finite, > 0).
     Why: a spell that lasts the whole sweep is its own usual time, and flags nothing. On the Zen 5
     EPYC VM (2026-11-30 16:21-16:23) the GEMM probe read 35 us around every workload step, against
     23 us through the GEMM, utility and memory sweeps and the traces just before, and the steps ran
     1.3-1.6x the reference take's; the runs flagged none of them."""
     calibration = calibration or (None, None)
-    return tuple(min((u for u in pair if u is not None), default=None) for pair in zip(own, calibration))
+    return tuple(min((u for u in pair if u is not None and 0 < u < math.inf), default=None)
+                 for pair in zip(own, calibration))
+
+
+def sweep_usual(readings, passes: int, calibration) -> tuple[tuple[float | None, float | None], str | None]:
+    """(each probe's usual time for a sweep of `passes` passes over its steps, with `readings`
+    (GEMM probe, host probe) around every timing, anchored to the calibration's usual times; a line
+    saying where the calibration's were the lower, else None). One pass tests no spells: the quick
+    profile's passes are what give the usual time its readings, and a test's scaled run times once."""
+    if passes < 2:
+        return (None, None), None
+    own = usual_pair(readings)
+    usual = anchored_usual(own, calibration)
+    lower = [f"{name} {u:.{d}f} us (the calibration's; {'-' if o is None else f'{o:.{d}f}'} us in this run)"
+             for name, d, u, o in zip(("GEMM probe", "host probe"), (1, 2), usual, own) if u is not None and u != o]
+    return usual, ("usual times from the calibration where it read quicker: " + ", ".join(lower)) if lower else None
 
 
 def pair_in_spell(gemm: float | None, host: float | None, usual: tuple[float | None, float | None]) -> bool:

@@ -42,7 +42,9 @@ def median_on_measured(cells: np.ndarray, ms: np.ndarray, ns: np.ndarray) -> np.
 # Rows that fill whole cache lines are what the grids measured; 64 bytes is the line of every
 # x86-64 and of most ARM server cores. What misalignment costs is measured (the twins), not assumed.
 LINE_BYTES = 64
-UNALIGNED_GRIDS = {"unaligned_n_log": "n", "unaligned_k_log": "k"}
+# gemm_samples.grid of the aspect cells' twins one column (row of A) wider (sweeps/gemm_points.py)
+TWIN_N_GRID, TWIN_K_GRID = "unaligned_n", "unaligned_k"
+UNALIGNED_GRIDS = {f"{TWIN_N_GRID}_log": "n", f"{TWIN_K_GRID}_log": "k"}
 # The base of an N twin where the aspect cell's rows alias: the cell one line wider, its rows
 # whole lines but no longer a multiple of 4 KiB (sweeps/gemm_points.py unaligned_twins)
 LINE_BASE_GRID = "line_n"

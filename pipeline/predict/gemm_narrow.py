@@ -24,10 +24,10 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from pipeline.predict.gemm_grids import TWIN_N_GRID
 from pipeline.predict.serialize import DataclassJSON
 
 NARROW_GRID = "narrow_n"  # gemm_samples.grid of the narrow grid's rows
-TWIN_N_GRID = "unaligned_n"  # the aspect cells' twins one column wider (sweeps/gemm_points.py)
 
 
 def narrow_rows(samples: pd.DataFrame, grid: pd.Series) -> pd.DataFrame:

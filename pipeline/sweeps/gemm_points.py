@@ -14,8 +14,9 @@ from pipeline.core.ops import GEMM_OPS
 from pipeline.device.discover import DeviceIdentity
 from pipeline.predict.gemm_alias import ALIAS_GRID, rows_alias, short_k, twin_steps
 from pipeline.predict.gemm_batch import BATCH_GRID
-from pipeline.predict.gemm_grids import COLD_GRID, COLD_HELDOUT, LINE_BASE_GRID, line_elements
-from pipeline.predict.gemm_narrow import NARROW_GRID, TWIN_N_GRID
+from pipeline.predict.gemm_grids import (COLD_GRID, COLD_HELDOUT, LINE_BASE_GRID, TWIN_K_GRID, TWIN_N_GRID,
+                                         line_elements)
+from pipeline.predict.gemm_narrow import NARROW_GRID
 from pipeline.predict.geometry import whole_wave_shape
 from pipeline.sweeps.cpu_kernels import ATEN_KERNEL
 from pipeline.sweeps.profiles import Profile, wave_counts
@@ -202,7 +203,7 @@ def unaligned_twins(grid: list[GemmPoint], k: int) -> list[GemmPoint]:
             out += [replace(p, grid=LINE_BASE_GRID, n=p.n + line), replace(p, grid=TWIN_N_GRID, n=p.n + line + 1)]
         else:
             out.append(replace(p, grid=TWIN_N_GRID, n=p.n + 1))
-        out.append(replace(p, grid="unaligned_k", k=p.k + 1))
+        out.append(replace(p, grid=TWIN_K_GRID, k=p.k + 1))
     return out
 
 

@@ -20,7 +20,7 @@ A CPU capture also keeps the spell probes' readings around it (`probe_us`, `host
 harness/spells.py): the host probe reads how fast the host ran ops while the overheads were
 traced, which the summary sets against its readings around the workload runs. A workload whose
 kept capture read either probe 1.2x over its usual time (the lower quartile of the readings
-around every capture) is captured once more after both read usual again, at most the
+around every capture, or the calibration's where lower: spells.anchored_usual) is captured once more after both read usual again, at most the
 profile's `stall_wait_s` of waiting in all, as the workload steps are timed again.
 """
 from __future__ import annotations
@@ -30,7 +30,7 @@ import math
 
 from pipeline.device.discover import DeviceIdentity
 from pipeline.harness.progress import Progress
-from pipeline.harness.spells import again_when_usual, anchored_usual, pair_in_spell, read_both_around, usual_pair
+from pipeline.harness.spells import again_when_usual, pair_in_spell, read_both_around, sweep_usual
 from pipeline.sweeps.profiles import Profile
 from pipeline.sweeps.catalog import workload_entries
 
@@ -65,7 +65,9 @@ def sweep_traces(dev: DeviceIdentity, profile: Profile, log=None, dtype: str = "
     # a kept capture a probe says ran in a slow spell (harness/spells.py) is taken once more once
     # both probes read their usual times, as the workload runs are timed again: its gaps are
     # what every other workload's shared overheads are fitted on
-    usual = anchored_usual(usual_pair(readings) if passes > 1 else (None, None), calibration_usual)
+    usual, anchored = sweep_usual(readings, passes, calibration_usual)
+    if anchored:
+        prog.log(f"[traces] {anchored}")
     again = [i for i in range(len(todo)) if pair_in_spell(kept[i][0].get("probe_us"), kept[i][0].get("host_probe_us"),
                                                          usual)]
     prog.total += len(again)

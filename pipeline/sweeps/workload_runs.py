@@ -20,7 +20,9 @@ A step is also timed once more when its kept timing ran in a slow spell of eithe
 step of many small ops is made of (on the Zen 3 EPYC VM a DLRM step at batch 32 ran 2.6-3.1 ms
 for minutes while the host probe read 3.6 µs a call, and 4.7-7.8 ms while it read 6.6-9). Each
 probe's usual time is the lower quartile of its readings around every timing of the sweep, all
-passes, and before the extra timing the sweep waits for both probes to read it again, at most
+passes, or the calibration's where that is lower (spells.anchored_usual: a spell as long as the
+runs is its own lower quartile; the Zen 5 EPYC VM's runs of 2026-11-30 16:21 read the GEMM probe
+at 35 us throughout against 23 in the GEMM sweep), and before the extra timing the sweep waits for both probes to read it again, at most
 the profile's `stall_wait_s` over all such steps together. Once a wait runs out in the spell,
 the steps flagged for a spell alone keep their timing (spells.again_when_usual).
 """
@@ -30,7 +32,7 @@ import math
 
 from pipeline.device.discover import DeviceIdentity
 from pipeline.harness.progress import Progress
-from pipeline.harness.spells import again_when_usual, anchored_usual, pair_in_spell, read_both_around, usual_pair
+from pipeline.harness.spells import again_when_usual, pair_in_spell, read_both_around, sweep_usual
 from pipeline.harness.stalls import passes_disagree
 from pipeline.harness.timer import Measurement
 from pipeline.sweeps.catalog import WorkloadEntry, workload_entries
@@ -72,7 +74,9 @@ def sweep_workloads(dev: DeviceIdentity, profile: Profile, log=None, dtype: str 
     # or kept a timing a probe says ran in a slow spell (harness/spells.py): both passes can
     # land in one (2026-11-27 18:13, every DLRM step 1.5x its time re-measured at 18:30, passes
     # 2-12 % apart)
-    usual = anchored_usual(usual_pair(readings) if passes > 1 else (None, None), calibration_usual)
+    usual, anchored = sweep_usual(readings, passes, calibration_usual)
+    if anchored:
+        prog.log(f"[workload_runs] {anchored}")
     spell = [pair_in_spell(m.probe_us, m.host_probe_us, usual) for m in kept]
     disagree = [passes > 1 and passes_disagree(medians[i], kept[i].cv) for i in range(len(todo))]
     again = [i for i in range(len(todo)) if disagree[i] or spell[i]]

@@ -75,9 +75,9 @@ def test_traces_keep_each_workloads_quickest_capture(monkeypatch):
     assert any("2 or more captures of each workload" in m and "at most 50.0%" in m for m in said)
 
 
-def test_a_capture_that_ran_in_a_host_spell_is_taken_once_more(monkeypatch):
-    """Both captures of "b" read the host probe slow: once both probes read usual again, b is
-    captured a third time, and its quicker capture is kept."""
+def _traced(monkeypatch, capture, calibration_usual=None):
+    """(sweep_traces on two fake workloads "a" and "b" over two passes, each capture's graph row
+    `capture(config, captures so far)`, the probes reading 20 and 3 us between; the log)."""
     from dataclasses import replace
 
     from pipeline.harness import spells
@@ -86,51 +86,11 @@ def test_a_capture_that_ran_in_a_host_spell_is_taken_once_more(monkeypatch):
     from pipeline.sweeps.profiles import get_profile
     from pipeline.workloads import host_time
 
-    entries = [WorkloadEntry("mlp", c, 1, 0, "train") for c in ("a", "b")]
-    taken = []
+    entries, taken = [WorkloadEntry("mlp", c, 1, 0, "train") for c in ("a", "b")], []
 
     def fake_capture(e, dev, profile, ovh, dtype):
         taken.append(e.config)
-        slow = e.config == "b" and len(taken) < 5
-        return ({"config": e.config, "span_ms": 30.0 if slow else 10.0, "n_ops": 1, "probe_us": 20.0,
-                 "host_probe_us": 9.0 if slow else 3.0}, [{"config": e.config, "op": "aten::mm", "type": "T1",
-                                                           "us": 1.0}])
-
-    monkeypatch.setattr(traces, "workload_entries", lambda profile: entries)
-    monkeypatch.setattr(traces, "_capture", fake_capture)
-    monkeypatch.setattr(host_time, "measure_profiler_overhead", lambda: 0.5)
-    monkeypatch.setattr(spells, "MIN_READINGS", 4)
-    monkeypatch.setattr(spells, "probe_us", lambda: 20.0)
-    monkeypatch.setattr(spells, "host_probe_us", lambda: 3.0)
-    said = []
-    out = traces.sweep_traces(identify("cpu"), replace(get_profile("tiny"), workload_passes=2), log=said.append)
-    assert taken == ["a", "b", "a", "b", "b"]
-    graphs = {g["config"]: g for g in out["workload_graphs"]}
-    assert graphs["b"]["passes"] == 3 and graphs["b"]["host_probe_us"] == 3.0 and graphs["b"]["span_ms"] == 10.0
-    assert graphs["a"]["passes"] == 2
-    assert any("1 captures ran in a slow spell of a probe: 1 taken once more" in m for m in said)
-
-
-@pytest.mark.parametrize("anchored", [True, False])
-def test_traces_in_a_spell_as_long_as_the_sweep_are_taken_again_against_the_calibration(monkeypatch, anchored):
-    """Every capture of both passes read the GEMM probe at 35 us: against the sweep's own readings
-    nothing is slow; against the calibration's 23 us each workload is captured once more."""
-    from dataclasses import replace
-
-    from pipeline.harness import spells
-    from pipeline.sweeps import traces
-    from pipeline.sweeps.catalog import WorkloadEntry
-    from pipeline.sweeps.profiles import get_profile
-    from pipeline.workloads import host_time
-
-    entries = [WorkloadEntry("mlp", c, 1, 0, "train") for c in ("a", "b")]
-    taken = []
-
-    def fake_capture(e, dev, profile, ovh, dtype):
-        taken.append(e.config)
-        slow = len(taken) <= 4
-        return ({"config": e.config, "span_ms": 15.0 if slow else 10.0, "n_ops": 1,
-                 "probe_us": 35.0 if slow else 20.0, "host_probe_us": 3.0},
+        return ({"config": e.config, "n_ops": 1, **capture(e.config, len(taken))},
                 [{"config": e.config, "op": "aten::mm", "type": "T1", "us": 1.0}])
 
     monkeypatch.setattr(traces, "workload_entries", lambda profile: entries)
@@ -141,8 +101,34 @@ def test_traces_in_a_spell_as_long_as_the_sweep_are_taken_again_against_the_cali
     monkeypatch.setattr(spells, "host_probe_us", lambda: 3.0)
     said = []
     out = traces.sweep_traces(identify("cpu"), replace(get_profile("tiny"), workload_passes=2), log=said.append,
-                              calibration_usual=(23.0, None) if anchored else None)
-    spans = {g["config"]: g["span_ms"] for g in out["workload_graphs"]}
+                              calibration_usual=calibration_usual)
+    return taken, {g["config"]: g for g in out["workload_graphs"]}, said
+
+
+def test_a_capture_that_ran_in_a_host_spell_is_taken_once_more(monkeypatch):
+    """Both captures of "b" read the host probe slow: once both probes read usual again, b is
+    captured a third time, and its quicker capture is kept."""
+    def capture(config, n):
+        slow = config == "b" and n < 5
+        return {"span_ms": 30.0 if slow else 10.0, "probe_us": 20.0, "host_probe_us": 9.0 if slow else 3.0}
+
+    taken, graphs, said = _traced(monkeypatch, capture)
+    assert taken == ["a", "b", "a", "b", "b"]
+    assert graphs["b"]["passes"] == 3 and graphs["b"]["host_probe_us"] == 3.0 and graphs["b"]["span_ms"] == 10.0
+    assert graphs["a"]["passes"] == 2
+    assert any("1 captures ran in a slow spell of a probe: 1 taken once more" in m for m in said)
+
+
+@pytest.mark.parametrize("anchored", [True, False])
+def test_traces_in_a_spell_as_long_as_the_sweep_are_taken_again_against_the_calibration(monkeypatch, anchored):
+    """Every capture of both passes read the GEMM probe at 35 us: against the sweep's own readings
+    nothing is slow; against the calibration's 23 us each workload is captured once more."""
+    def capture(config, n):
+        slow = n <= 4
+        return {"span_ms": 15.0 if slow else 10.0, "probe_us": 35.0 if slow else 20.0, "host_probe_us": 3.0}
+
+    taken, graphs, said = _traced(monkeypatch, capture, (23.0, None) if anchored else None)
+    spans = {c: g["span_ms"] for c, g in graphs.items()}
     if anchored:
         assert taken == ["a", "b", "a", "b", "a", "b"] and spans == {"a": 10.0, "b": 10.0}
         assert any("usual times from the calibration where it read quicker: GEMM probe 23.0 us" in m for m in said)

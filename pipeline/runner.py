@@ -10,7 +10,6 @@ import argparse
 import contextlib
 import importlib
 import json
-import math
 import os
 import sys
 import time
@@ -223,7 +222,6 @@ def timing_scale_set(scale: float | None):
 
 
 def main(argv: list[str] | None = None) -> int:
-
     ap = argparse.ArgumentParser(prog="python -m pipeline.runner", description=__doc__)
     ap.add_argument("sweeps", nargs="+", help=f"one or more of {sorted(SWEEPS)} or 'all'")
     from pipeline.core.slugs import device_arg

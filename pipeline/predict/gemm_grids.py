@@ -49,7 +49,7 @@ UNALIGNED_GRIDS = {f"{TWIN_N_GRID}_log": "n", f"{TWIN_K_GRID}_log": "k"}
 # whole lines but no longer a multiple of 4 KiB (sweeps/gemm_points.py unaligned_twins)
 LINE_BASE_GRID = "line_n"
 # gemm_samples.grid of the unaligned twins and their bases: they fit the unaligned correction alone
-TWIN_GRIDS = (*(name.removesuffix("_log") for name in UNALIGNED_GRIDS), LINE_BASE_GRID)
+TWIN_GRIDS = (TWIN_N_GRID, TWIN_K_GRID, LINE_BASE_GRID)
 
 
 def line_elements(dtype: str) -> int:

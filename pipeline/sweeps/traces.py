@@ -20,8 +20,9 @@ A CPU capture also keeps the spell probes' readings around it (`probe_us`, `host
 harness/spells.py): the host probe reads how fast the host ran ops while the overheads were
 traced, which the summary sets against its readings around the workload runs. A workload whose
 kept capture read either probe 1.2x over its usual time (the lower quartile of the readings
-around every capture, or the calibration's where lower: spells.anchored_usual) is captured once more after both read usual again, at most the
-profile's `stall_wait_s` of waiting in all, as the workload steps are timed again.
+around every capture, or the calibration's where lower: spells.anchored_usual) is captured once
+more after both read usual again, at most the profile's `stall_wait_s` of waiting in all, as the
+workload steps are timed again.
 """
 from __future__ import annotations
 

@@ -22,8 +22,9 @@ for minutes while the host probe read 3.6 µs a call, and 4.7-7.8 ms while it re
 probe's usual time is the lower quartile of its readings around every timing of the sweep, all
 passes, or the calibration's where that is lower (spells.anchored_usual: a spell as long as the
 runs is its own lower quartile; the Zen 5 EPYC VM's runs of 2026-11-30 16:21 read the GEMM probe
-at 35 us throughout against 23 in the GEMM sweep), and before the extra timing the sweep waits for both probes to read it again, at most
-the profile's `stall_wait_s` over all such steps together. Once a wait runs out in the spell,
+at 35 us throughout against 23 in the GEMM sweep), and before the extra timing the sweep waits
+for both probes to read it again, at most the profile's `stall_wait_s` over all such steps
+together. Once a wait runs out in the spell,
 the steps flagged for a spell alone keep their timing (spells.again_when_usual).
 """
 from __future__ import annotations

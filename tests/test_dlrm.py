@@ -118,6 +118,33 @@ def test_inputs_are_valid_rows():
         make_batch(SPEC, 0)
 
 
+def test_the_pool_covers_the_tables_once_over_never_more_than_its_cap():
+    from pipeline.workloads.dlrm_run import MAX_POOL, pool_size
+
+    big = spec_with(rows_per_table=1_000_000, embedding_dim=32, pooling=1, bottom_mlp=(8, 32))
+    table_bytes, per_batch = 2 * 1_000_000 * 32 * 4, 2 * 16 * 32 * 4  # two tables; 16 rows a table per batch
+    assert pool_size(spec_with(), 64) == 1  # one batch's rows outnumber the tables' own
+    assert pool_size(big, 16) == min(MAX_POOL, -(-table_bytes // per_batch)) == MAX_POOL
+    assert pool_size(big, 4096) == -(-table_bytes // (256 * per_batch))  # the tables' bytes, rounded up
+    assert pool_size(big, 10**6) == 1
+
+
+def test_steps_cycle_through_distinct_batches_the_first_as_before(monkeypatch):
+    from pipeline.workloads import dlrm_run
+
+    pool = dlrm_run.make_batches(SPEC, BATCH, count=3)
+    torch.testing.assert_close(pool[0].indices, make_batch(SPEC, BATCH).indices)
+    assert not torch.equal(pool[1].indices, pool[2].indices)
+    seen = []
+    monkeypatch.setattr(dlrm_run, "train_step", lambda model, b: seen.append(b))
+    step = dlrm_run.training_steps(object(), pool)
+    for _ in range(7):
+        step()
+    assert [[id(p) for p in pool].index(id(b)) for b in seen] == [0, 1, 2, 0, 1, 2, 0]
+    with pytest.raises(ValueError, match="count=0"):
+        dlrm_run.make_batches(SPEC, BATCH, count=0)
+
+
 def test_measure_training_step_tiny():
     m = measure_training_step(SPEC, 4, warmup=1, reps=3)
     assert m.reps == 3 and bool((m.times_us > 0).all())

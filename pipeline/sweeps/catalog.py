@@ -41,10 +41,9 @@ class WorkloadEntry:
                     return model(input_ids=ids, use_cache=False)
             return forward
         if self.workload == "dlrm":
-            from pipeline.workloads.dlrm_run import build_dlrm, make_batch, train_step
+            from pipeline.workloads.dlrm_run import built_step
 
-            model, inputs = build_dlrm(self.spec, device), make_batch(self.spec, self.batch, device)
-            return lambda: train_step(model, inputs)
+            return built_step(self.spec, self.batch, device)
         return _mlp_step(self.batch, device)
 
 

@@ -127,6 +127,21 @@ def test_the_pool_covers_the_tables_once_over_never_more_than_its_cap():
     assert pool_size(big, 16) == min(MAX_POOL, -(-table_bytes // per_batch)) == MAX_POOL
     assert pool_size(big, 4096) == -(-table_bytes // (256 * per_batch))  # the tables' bytes, rounded up
     assert pool_size(big, 10**6) == 1
+    huge = spec_with(rows_per_table=10_000_000, embedding_dim=32, pooling=1, bottom_mlp=(8, 32))  # 2.5 GB of tables
+    assert pool_size(huge, 4096) == -(-(1 << 30) // (256 * per_batch))  # 1 GiB of lookups, not the tables
+
+
+def test_every_built_step_feeds_the_pool(monkeypatch):
+    from pipeline.sweeps.catalog import WorkloadEntry
+    from pipeline.workloads import dlrm_run
+
+    seeds, make = [], dlrm_run.make_batch
+    monkeypatch.setattr(dlrm_run, "make_batch", lambda *a, seed=0, **k: seeds.append(seed) or make(*a, seed=seed, **k))
+    WorkloadEntry("dlrm", SPEC.name, 2, 0, "train", SPEC).build()
+    assert seeds == list(range(dlrm_run.pool_size(SPEC, 2))) and len(seeds) > 1
+    seeds.clear()
+    measure_training_step(SPEC, 2, warmup=1, reps=3)
+    assert seeds == list(range(dlrm_run.pool_size(SPEC, 2)))
 
 
 def test_steps_cycle_through_distinct_batches_the_first_as_before(monkeypatch):

@@ -116,20 +116,22 @@ def make_batch(spec: DLRMSpec, batch: int, device: str = "cpu", seed: int = 0) -
 
 # A training step never sees the same batch twice; a benchmark that feeds one batch every step
 # leaves that batch's looked-up rows in cache, which a real step does not find there. So steps
-# cycle through distinct batches whose looked-up rows add up to more than any last-level cache
-# (or GPU L2) holds, or than the tables themselves where they are smaller: a row then comes back
-# only after the rest of the pool has evicted it, as in dlrm's --data-generation=random, where
-# every batch is drawn afresh. (On the EPYC VM with one fixed batch, DLRM-default's batch-32
-# lookups and sparse updates ran in 155 us a table against 231 us priced from the tables'
-# size: its rows stayed cached between steps.)
+# cycle through distinct batches: a run of fewer steps than the pool sees a fresh batch every
+# step, as dlrm's --data-generation=random draws each afresh, and a longer one meets a batch
+# again only after the rest of the pool has looked up more rows than a last-level cache (or GPU
+# L2) holds, or than the tables themselves where they are smaller. (On the EPYC VM with one
+# fixed batch, DLRM-default's batch-32 lookups and sparse updates ran in 155 us a table against
+# 231 us priced from the tables' size: its rows stayed cached between steps.) Indices are
+# uniform over each table, the worst case: real ids (Criteo's) are skewed, and their hot rows
+# stay cached.
 POOL_TOUCHED_BYTES = 1 << 30
 MAX_POOL = 1024  # batches held at most: the smallest steps would want more, at little gain
 
 
 def pool_size(spec: DLRMSpec, batch: int) -> int:
-    """How many distinct batches a timed or traced run cycles through (1: the tables fit in the
-    rows one batch touches, so fresh indices find them cached anyway)."""
-    row_bytes = spec.embedding_dim * 4
+    """How many distinct batches a timed or traced run cycles through (1: one batch looks up as
+    many rows as the tables hold, and evicts its own)."""
+    row_bytes = spec.embedding_dim * torch.get_default_dtype().itemsize  # build_dlrm's tables' dtype
     touched = batch * spec.pooling * spec.num_tables * row_bytes
     tables = sum(spec.table_rows) * row_bytes
     return int(min(MAX_POOL, max(1, math.ceil(min(POOL_TOUCHED_BYTES, tables) / max(touched, 1)))))

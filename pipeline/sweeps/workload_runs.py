@@ -24,8 +24,8 @@ passes, or the calibration's where that is lower (spells.anchored_usual: a spell
 runs is its own lower quartile; the Zen 5 EPYC VM's runs of 2026-11-30 16:21 read the GEMM probe
 at 35 us throughout against 23 in the GEMM sweep), and before the extra timing the sweep waits
 for both probes to read it again, at most the profile's `stall_wait_s` over all such steps
-together. Once a wait runs out in the spell,
-the steps flagged for a spell alone keep their timing (spells.again_when_usual).
+together. Once a wait runs out in the spell, the steps flagged for a spell alone keep their
+timing (spells.again_when_usual).
 """
 from __future__ import annotations
 

@@ -145,7 +145,7 @@ def make_batches(spec: DLRMSpec, batch: int, device: str = "cpu", count: int | N
     return [make_batch(spec, batch, device, seed=i) for i in range(count)]
 
 
-def training_steps(model: "DLRM", batches: list[DLRMBatch]) -> Callable[[], torch.Tensor]:
+def training_steps(model: DLRM, batches: list[DLRMBatch]) -> Callable[[], torch.Tensor]:
     """A no-argument training step that takes the next batch of the pool on each call."""
     nxt = cycle(batches).__next__
     return lambda: train_step(model, nxt())
@@ -194,4 +194,3 @@ def built_step(spec: DLRMSpec, batch: int, device: str = "cpu", batched: bool = 
     """A built model's training step over its pool of batches: what runs and traces time."""
     check_batch(spec, batch)
     return training_steps(build_dlrm(spec, device, batched=batched), make_batches(spec, batch, device))
-

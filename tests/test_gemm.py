@@ -86,6 +86,20 @@ def test_fit_reproduces_training_points_and_round_trips():
     np.testing.assert_allclose(again.predict("mm", "float32", 50, 70, 100), model.predict("mm", "float32", 50, 70, 100))
 
 
+def test_a_kernel_measured_at_one_k_gets_no_table_where_another_has_several():
+    # the 16-core Xeon's bf16 bmm: oneDNN's avx512_core_bf16 kernel ran one point, K = 2, and its
+    # table priced a K = 22 shape at 11x its time (time in proportion to K)
+    df = _samples()
+    tiny_k = df[df["k"] == 32].assign(kernel="tiny-k", k=2, median_us=lambda d: d["median_us"] / 4)
+    model = GemmModel.fit(pd.concat([df, tiny_k], ignore_index=True))
+    assert model.kernels("mm", "float32") == ["cpu"]
+    own = GemmModel.fit(df)
+    np.testing.assert_allclose(model.predict("mm", "float32", 50, 70, 22), own.predict("mm", "float32", 50, 70, 22))
+    # where every kernel of the (op, dtype) has one K, the tables stay: nothing else could price it
+    alone = GemmModel.fit(tiny_k)
+    assert alone.kernels("mm", "float32") == ["tiny-k"]
+
+
 def test_fit_refuses_held_out_rows():
     df = _samples()
     df.loc[0, "held_out"] = True

@@ -104,6 +104,7 @@ class GemmModel:
                 own_cold = cold[(cold["op"] == op) & (cold["dtype"] == dtype)]
                 table = table.with_aspect(mine).with_alignment(mine, own_twins).with_cold(mine, own_cold)
             tables[(op, dtype, str(kernel))] = table
+        tables = without_one_k_tables(tables)
         cache = samples["weight_cache_bytes"].dropna() if "weight_cache_bytes" in samples else pd.Series(dtype=float)
         model = GemmModel(tables, KernelSelector.fit(selector_labels(every_grid, choices, tables)), faults,
                           float(cache.median()) if len(cache) and len(cold) else None)
@@ -241,3 +242,15 @@ class GemmModel:
             corr = NarrowCorrection.from_dict(c)
             model.narrow_corrections[(corr.op, corr.dtype)] = corr
         return model
+
+
+def without_one_k_tables(tables: dict) -> dict:
+    """`tables` less each kernel's measured at one K only, where its (op, dtype) has a kernel
+    measured at several: such a table holds its one K's throughput at every other K, so it
+    prices time in proportion to K. On the 16-core Xeon (2026-11-30) oneDNN ran one whole-wave
+    point of bf16 bmm, K = 2, with its avx512_core_bf16 kernel; the selector gave that kernel a
+    held-out 108 x 2 x 22 bmm, priced 225.8 us against 19.6 measured (11x = 22 / 2). Its rows
+    then teach the selector nothing (selector_labels keeps kernels with a table), and the
+    shapes around them go to the kernels measured there."""
+    several = {(op, dtype) for (op, dtype, _), t in tables.items() if len(t.ks) > 1}
+    return {key: t for key, t in tables.items() if len(t.ks) > 1 or key[:2] not in several}

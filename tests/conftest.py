@@ -57,16 +57,14 @@ def cpu():
 @pytest.fixture(scope="session")
 def dlrm_captures():
     """Execution graphs of the tiny DLRM training step at batch 4, 8 and 16: captured once for
-    every test that prices, predicts or transforms them (each capture runs the model)."""
+    every test that prices, predicts or transforms them (each capture runs the model), from the
+    step the traces sweep captures (built_step: a pool of batches)."""
     from pipeline.workloads.capture import capture
     from pipeline.workloads.dlrm import TINY_CONFIGS
-    from pipeline.workloads.dlrm_run import build_dlrm, make_batch, train_step
+    from pipeline.workloads.dlrm_run import built_step
 
-    spec, out = TINY_CONFIGS[0], {}
-    for b in (4, 8, 16):
-        model, batch = build_dlrm(spec), make_batch(spec, b)
-        out[b] = capture(lambda: train_step(model, batch), warmup=1)
-    return out
+    spec = TINY_CONFIGS[0]
+    return {b: capture(built_step(spec, b), warmup=1) for b in (4, 8, 16)}
 
 
 class FlatKernelModel:

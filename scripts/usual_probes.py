@@ -4,7 +4,8 @@ workload steps and traces for spells against the same calibration:
 
     python scripts/usual_probes.py out/gemm_samples.parquet     # -> e.g. 23.1,2.07
 
-Exit 2, with one line saying why, where the table has no probe readings (a GPU's rows).
+Exit 2, with one line saying why, where the file is missing or unreadable or holds no probe
+readings (a GPU's rows, or a table from before the probes).
 """
 from __future__ import annotations
 
@@ -12,14 +13,18 @@ import json
 import sys
 from pathlib import Path
 
+PROBES = ("probe_us", "host_probe_us")
+
 
 def read_rows(path: Path) -> list[dict]:
-    """The rows of a runner output file, .parquet or .jsonl."""
+    """The probe columns of a runner output file, .parquet or .jsonl (a column it lacks: absent)."""
     if path.suffix == ".jsonl":
-        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        return [{c: r[c] for c in PROBES if c in r} for r in rows]
     import pyarrow.parquet as pq
 
-    return pq.read_table(path, columns=["probe_us", "host_probe_us"]).to_pylist()
+    have = [c for c in PROBES if c in pq.read_schema(path).names]
+    return pq.read_table(path, columns=have).to_pylist()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -29,16 +34,19 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from pipeline.harness.spells import usual_of_rows
+    from pipeline.runner import usual_probes_args
 
     path = Path(argv[0])
-    if not path.is_file():
-        print(f"error: {path}: no such file", file=sys.stderr)
+    try:
+        rows = read_rows(path)
+    except (OSError, ValueError) as exc:  # missing, not parquet, bad JSON (pyarrow's errors are ValueErrors)
+        print(f"error: {path}: cannot read its rows ({exc})", file=sys.stderr)
         return 2
-    usual = usual_of_rows(read_rows(path))
+    usual = usual_of_rows(rows)
     if usual is None:
-        print(f"error: {path}: no probe readings (probe_us, host_probe_us)", file=sys.stderr)
+        print(f"error: {path}: no probe readings ({', '.join(PROBES)})", file=sys.stderr)
         return 2
-    print(",".join("" if u is None else f"{u:.4g}" for u in usual))
+    print(usual_probes_args(usual)[1])  # the runner's own spelling, which parse_usual_probes reads back
     return 0
 
 

@@ -86,18 +86,20 @@ def test_fit_reproduces_training_points_and_round_trips():
     np.testing.assert_allclose(again.predict("mm", "float32", 50, 70, 100), model.predict("mm", "float32", 50, 70, 100))
 
 
-def test_a_kernel_measured_at_one_k_gets_no_table_where_another_has_several():
-    # the 16-core Xeon's bf16 bmm: oneDNN's avx512_core_bf16 kernel ran one point, K = 2, and its
-    # table priced a K = 22 shape at 11x its time (time in proportion to K)
+def test_a_kernel_measured_at_one_k_that_another_measured_too_gets_no_table():
+    # the 16-core Xeon's bf16 bmm: oneDNN's avx512_core_bf16 kernel ran one point between other
+    # kernels' points at its K, and its table priced a larger K in proportion to K (11x at 22 / 2)
     df = _samples()
-    tiny_k = df[df["k"] == 32].assign(kernel="tiny-k", k=2, median_us=lambda d: d["median_us"] / 4)
-    model = GemmModel.fit(pd.concat([df, tiny_k], ignore_index=True))
+    stray = pd.DataFrame([dict(df.iloc[0]) | dict(kernel="stray", m=16, n=16, k=32, median_us=3.0)])
+    model = GemmModel.fit(pd.concat([df, stray], ignore_index=True))
     assert model.kernels("mm", "float32") == ["cpu"]
-    own = GemmModel.fit(df)
-    np.testing.assert_allclose(model.predict("mm", "float32", 50, 70, 22), own.predict("mm", "float32", 50, 70, 22))
-    # where every kernel of the (op, dtype) has one K, the tables stay: nothing else could price it
-    alone = GemmModel.fit(tiny_k)
-    assert alone.kernels("mm", "float32") == ["tiny-k"]
+    np.testing.assert_allclose(model.predict("mm", "float32", 16, 16, [32, 128]),
+                               GemmModel.fit(df).predict("mm", "float32", 16, 16, [32, 128]))
+    # a one-K table stays where nothing else measured its K, or its K past the others' wave counts
+    # (the 2-thread AMX Xeons' K = 1 column, above ATen's smaller outputs)
+    for alone in (stray.assign(k=2), stray.assign(m=256, n=256, waves=16)):
+        assert GemmModel.fit(pd.concat([df, alone], ignore_index=True)).kernels("mm", "float32") == ["cpu", "stray"]
+    assert GemmModel.fit(stray).kernels("mm", "float32") == ["stray"]
 
 
 def test_fit_refuses_held_out_rows():

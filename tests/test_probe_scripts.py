@@ -63,3 +63,29 @@ def test_the_gemm_flush_probe_refuses_a_flush_of_nothing_and_a_home_without_a_wa
     monkeypatch.setenv("DEVCHAR_HOME", str(tmp_path))
     with pytest.raises(SystemExit, match="no warehouse at .*devchar.duckdb; set DEVCHAR_HOME"):
         probe.main([])
+
+
+def test_usual_probes_prints_what_the_runner_reads_back(tmp_path, capsys):
+    import json
+
+    from pipeline.harness.spells import MIN_READINGS, usual_of_rows
+    from pipeline.runner import parse_usual_probes
+
+    rows = [{"probe_us": 20.0 + i, "host_probe_us": 2.0 + i / 10, "median_us": 5.0} for i in range(2 * MIN_READINGS)]
+    path = tmp_path / "gemm_samples.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert _load("usual_probes").main([str(path)]) == 0
+    assert parse_usual_probes(capsys.readouterr().out.strip()) == usual_of_rows(rows)
+
+
+def test_usual_probes_refuses_a_table_without_readings_or_a_missing_file(tmp_path, capsys):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    gpu = tmp_path / "gemm_samples.parquet"  # a GPU's rows carry no probe columns
+    pq.write_table(pa.table({"median_us": [1.0, 2.0]}), gpu)
+    script = _load("usual_probes")
+    assert script.main([str(gpu)]) == 2
+    assert "no probe readings" in capsys.readouterr().err
+    assert script.main([str(tmp_path / "absent.parquet")]) == 2
+    assert "cannot read its rows" in capsys.readouterr().err

@@ -104,7 +104,8 @@ class GemmModel:
                 own_cold = cold[(cold["op"] == op) & (cold["dtype"] == dtype)]
                 table = table.with_aspect(mine).with_alignment(mine, own_twins).with_cold(mine, own_cold)
             tables[(op, dtype, str(kernel))] = table
-        tables = without_one_k_tables(tables)
+        if choices is None:  # a configuration sweep's own rows say nothing of which one is picked
+            tables = without_one_k_tables(tables, samples)
         cache = samples["weight_cache_bytes"].dropna() if "weight_cache_bytes" in samples else pd.Series(dtype=float)
         model = GemmModel(tables, KernelSelector.fit(selector_labels(every_grid, choices, tables)), faults,
                           float(cache.median()) if len(cache) and len(cold) else None)
@@ -244,13 +245,26 @@ class GemmModel:
         return model
 
 
-def without_one_k_tables(tables: dict) -> dict:
-    """`tables` less each kernel's measured at one K only, where its (op, dtype) has a kernel
-    measured at several: such a table holds its one K's throughput at every other K, so it
-    prices time in proportion to K. On the 16-core Xeon (2026-11-30) oneDNN ran one whole-wave
-    point of bf16 bmm, K = 2, with its avx512_core_bf16 kernel; the selector gave that kernel a
-    held-out 108 x 2 x 22 bmm, priced 225.8 us against 19.6 measured (11x = 22 / 2). Its rows
-    then teach the selector nothing (selector_labels keeps kernels with a table), and the
-    shapes around them go to the kernels measured there."""
-    several = {(op, dtype) for (op, dtype, _), t in tables.items() if len(t.ks) > 1}
-    return {key: t for key, t in tables.items() if len(t.ks) > 1 or key[:2] not in several}
+def without_one_k_tables(tables: dict, rows: pd.DataFrame) -> dict:
+    """`tables` less the table of each kernel measured at one K only whose whole-wave points lie
+    between other kernels' points at that K (`rows`: the whole-wave rows the tables were fitted
+    on), where those kernels were measured at several K. A one-K table holds its throughput at
+    every other K, so it prices time in proportion to K, and the kernels around it have cells
+    of their own. On the 16-core Xeon (2026-11-30) oneDNN ran one whole-wave point of bf16 bmm,
+    K = 2 at 256 waves, with its avx512_core_bf16 kernel, between ATen's points (up to 64 waves)
+    and AMX's (from 1024); the selector gave that kernel a held-out 108 x 2 x 22 bmm, priced
+    225.8 us against 19.6 measured (11x = 22 / 2). A dropped kernel's rows teach the selector
+    nothing (selector_labels keeps kernels with a table), so the shapes around them go to the
+    kernels measured there. A one-K table that is all that measured its K at the largest (or
+    smallest) wave counts stays: the 2-thread AMX Xeons ran K = 1 with avx512_core_bf16 at 7
+    wave counts per op, above ATen's 6 smaller ones, and no other kernel ran them."""
+    def of(key):
+        return rows[(rows["op"] == key[0]) & (rows["dtype"] == key[1]) & (rows["kernel"].astype(str) == key[2])]
+
+    def surrounded(key):
+        mine = of(key)
+        others = [of(other) for other, t in tables.items() if other[:2] == key[:2] and other != key and len(t.ks) > 1]
+        waves = pd.concat([o.loc[o["k"].isin(set(mine["k"])), "waves"] for o in others] or [pd.Series(dtype=float)])
+        return len(waves) > 0 and waves.min() <= mine["waves"].min() and waves.max() >= mine["waves"].max()
+
+    return {key: t for key, t in tables.items() if len(t.ks) > 1 or not surrounded(key)}

@@ -258,13 +258,13 @@ def without_one_k_tables(tables: dict, rows: pd.DataFrame) -> dict:
     kernels measured there. A one-K table that is all that measured its K at the largest (or
     smallest) wave counts stays: the 2-thread AMX Xeons ran K = 1 with avx512_core_bf16 at 7
     wave counts per op, above ATen's 6 smaller ones, and no other kernel ran them."""
-    def of(key):
-        return rows[(rows["op"] == key[0]) & (rows["dtype"] == key[1]) & (rows["kernel"].astype(str) == key[2])]
+    points = {(op, dtype, str(kernel)): g for (op, dtype, kernel), g in rows.groupby(["op", "dtype", "kernel"])}
 
     def surrounded(key):
-        mine = of(key)
-        others = [of(other) for other, t in tables.items() if other[:2] == key[:2] and other != key and len(t.ks) > 1]
-        waves = pd.concat([o.loc[o["k"].isin(set(mine["k"])), "waves"] for o in others] or [pd.Series(dtype=float)])
+        mine = points[key]
+        waves = [g.loc[g["k"].isin(set(mine["k"])), "waves"] for other, g in points.items()
+                 if other[:2] == key[:2] and other != key and len(tables[other].ks) > 1]
+        waves = pd.concat(waves) if waves else pd.Series(dtype=float)
         return len(waves) > 0 and waves.min() <= mine["waves"].min() and waves.max() >= mine["waves"].max()
 
     return {key: t for key, t in tables.items() if len(t.ks) > 1 or not surrounded(key)}

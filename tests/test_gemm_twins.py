@@ -158,3 +158,33 @@ def test_the_twins_smoothing_ignores_the_rows_and_columns_of_two_that_have_no_tw
     np.testing.assert_allclose(got[np.ix_(keep, keep)], plain)
     assert np.allclose(got[1, keep], (plain[0] + plain[1]) / 2)  # M = 2: halfway in log2 between 1 and 4
     assert np.allclose(got[keep, 1], (plain[:, 0] + plain[:, 1]) / 2)
+
+
+def test_a_shape_whose_rows_do_not_alias_sheds_the_aliasing_the_lattice_ran_with(synthetic_gemm_model):
+    """A made-up CPU where the aspect lattice's columns of 4 KiB rows (float32 N = 1024, 4096)
+    run 2x what their bases one line wider run: an aligned N between them that does not alias
+    (N = 2000) is priced at half what the aliasing N = 2048 is, as the bases say, while N = 2048
+    keeps the lattice's price; a K within one line (the short-K twins' domain) and a calibration
+    without line bases are left as they were, and the correction saves and loads back."""
+    table = synthetic_gemm_model.table("mm", "float32")
+    cells = pd.DataFrame([dict(m=m, n=n, k=k, batch=1) for m in (16, 64, 256, 1024) for n in (1024, 4096)
+                          for k in (64, 256)])
+
+    def timed(df, factor):
+        return df.assign(median_us=table.predict_us(df["m"], df["n"], df["k"], df["batch"]) * factor)
+
+    base = timed(cells, 2.0)
+    wider = timed(cells.assign(n=cells["n"] + 16), 1.0).assign(grid=LINE_BASE_GRID)
+    plain = table.with_aspect(base)
+    fixed = plain.with_alignment(base, wider)
+    assert plain.with_alignment(base, wider[wider["n"] < 0]).line_log is None  # no bases: unchanged
+
+    def priced(t, n, k=128):
+        return float(t.predict_us(np.array([64]), np.array([n]), np.array([k]), np.array([1]))[0])
+
+    assert priced(fixed, 2048) == pytest.approx(priced(plain, 2048))  # rows of 8 KiB alias: as measured
+    assert priced(fixed, 2000) == pytest.approx(priced(plain, 2000) / 2.0, rel=1e-3)
+    assert priced(fixed, 2000, k=8) == pytest.approx(priced(plain, 2000, k=8))  # K within a line
+    again = GemmTable.from_dict(json.loads(json.dumps(fixed.to_dict())))
+    assert priced(again, 2000) == pytest.approx(priced(fixed, 2000))
+    assert "line_log" not in plain.to_dict()

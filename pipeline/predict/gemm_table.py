@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 
 from pipeline.core.dtypes import element_bytes
-from pipeline.predict.gemm_alias import alias_factor, alias_grid
+from pipeline.predict.gemm_alias import alias_factor, alias_grid, rows_alias, short_k
 from pipeline.predict.geometry import bilinear, grid_position
 from pipeline.predict.geometry import waves as count_waves
 from pipeline.predict.gemm_grids import (LINE_BASE_GRID, LINE_BYTES, UNALIGNED_GRIDS, ends_mid_line,
@@ -43,6 +43,11 @@ class GemmTable(DataclassJSON):
     # lines, over the same (M x N) lattice, measured by twins one element off (sweeps/gemm_points.py)
     unaligned_n_log: np.ndarray | None = None
     unaligned_k_log: np.ndarray | None = None
+    # CPU: log of how much longer an aspect cell whose output rows are a multiple of 4 KiB ran
+    # than its base one cache line wider (the N twins' LINE_BASE_GRID rows), over the same
+    # lattice: the cells' aliasing, which the aspect correction holds and a shape of another
+    # width does not pay (with_alignment)
+    line_log: np.ndarray | None = None
     # CPU: log of how much longer a shape runs with its weights read from memory (rotated
     # through a pool past the cache, sweeps/gemm_points.py) than hot, over the same (M x N) lattice
     cold_log: np.ndarray | None = None
@@ -93,6 +98,8 @@ class GemmTable(DataclassJSON):
         kk = np.maximum(np.asarray(k, dtype=float), self.ks[0])
         padded_flops = (2.0 * self.slots * self.tile_m * self.tile_n / self.split_k) * w * kk
         hot = padded_flops / self.throughput(w, kk) * self.aspect_factor(m, n, k) * self.alignment_factor(m, n, k)
+        if self.line_log is not None:
+            hot = hot * self.unaliased_factor(m, n, k)
         if self.alias_log is not None:
             hot = hot * alias_factor(self.alias_log, self.alias_bytes, self.waves, self.ks, w, n, kk, self.dtype)
         return hot if not cold or self.cold_log is None else hot * np.exp(cold * self._on_lattice(self.cold_log, m, n))
@@ -137,6 +144,22 @@ class GemmTable(DataclassJSON):
             if grid is not None:
                 out = out + self._on_lattice(grid, m, n) * ends_mid_line(dim, self.dtype)
         return np.exp(out)
+
+    def unaliased_factor(self, m, n, k) -> np.ndarray | float:
+        """The aliasing the lattice's cells ran with (line_log), taken off a shape whose output
+        rows are not a multiple of 4 KiB; 1 for one whose are, and at a K within one cache line,
+        where the whole-wave table's short-K twins price the aliasing (gemm_alias.py). It fades
+        below the aspect grid's smallest K as the aspect correction it is part of does.
+        Why: the lattice's columns past a line (float32 N = 1024, 4096, 16 384, 65 536) all alias,
+        and their aspect correction priced GPT-2's LM head (512 x 50 257 x 128, rows that do not
+        alias) with it: 1.52x the square shape on the Zen 3 EPYC VM, where 512 x 50 256 ran 1.07x
+        it and 512 x 65 536 1.1-1.4x (docs/methods.md)."""
+        k = np.asarray(k, float)
+        fade = 1.0
+        if self.aspect_k is not None and self.aspect_k[0] > 1:
+            fade = np.clip(np.log2(np.maximum(k, 1.0)) / np.log2(self.aspect_k[0]), 0.0, 1.0)
+        pays = ~rows_alias(n, self.dtype) & ~short_k(k, self.dtype)
+        return np.exp(-self._on_lattice(self.line_log, m, n) * fade * pays)
 
     def with_aspect(self, rows: pd.DataFrame) -> "GemmTable":
         """This table with its aspect correction fitted on `rows` (the aspect grid of its kernel):
@@ -190,7 +213,7 @@ class GemmTable(DataclassJSON):
                           wider.assign(cell=wider["n"] - line_elements(self.dtype))], ignore_index=True)
         aligned = pool[is_aligned(pool["n"].to_numpy(), self.dtype) & is_aligned(pool["k"].to_numpy(), self.dtype)]
         aligned = aligned.groupby([*keys, "cell"], as_index=False)["median_us"].median()
-        out = {}
+        out = {"line_log": self._line_log(base, wider)}
         for name, dim in UNALIGNED_GRIDS.items():
             mine = twins[twins["grid"] == name.removesuffix("_log")]
             pair = mine.assign(**{dim: mine[dim] - 1}).merge(aligned, on=keys, suffixes=("", "_base"))
@@ -204,6 +227,23 @@ class GemmTable(DataclassJSON):
             out[name] = median_on_measured(cells, self.aspect_m, self.aspect_n) * (
                 self.aspect_n * element_bytes(self.dtype) >= LINE_BYTES)
         return replace(self, **out)
+
+    def _line_log(self, base: pd.DataFrame, wider: pd.DataFrame) -> np.ndarray | None:
+        """Per aliasing aspect cell, log(cell time / its base one line wider's) less the base's
+        extra FLOPs, the neighbourhood median over the cells measured, 0 in columns whose rows do
+        not alias; None without line bases (every calibration before stop 58's sweep)."""
+        if wider.empty:
+            return None
+        keys = ["m", "n", "k"]
+        cell = base.groupby(keys, as_index=False)["median_us"].median()
+        pair = wider.assign(n=wider["n"] - line_elements(self.dtype)).merge(cell, on=keys, suffixes=("_wide", ""))
+        if pair.empty:
+            return None
+        pair = pair.assign(log_ratio=np.log(pair["median_us"] / pair["median_us_wide"])
+                           + np.log((pair["n"] + line_elements(self.dtype)) / pair["n"]))
+        cells = pair.pivot_table(index="m", columns="n", values="log_ratio", aggfunc="median")
+        cells = cells.reindex(index=self.aspect_m, columns=self.aspect_n).to_numpy(float)
+        return median_on_measured(cells, self.aspect_m, self.aspect_n) * rows_alias(self.aspect_n, self.dtype)
 
     def with_cold(self, hot: pd.DataFrame, cold: pd.DataFrame) -> "GemmTable":
         """This table with its cold-weight correction: per aspect cell (M, N), log(rotated time /
@@ -237,5 +277,5 @@ class GemmTable(DataclassJSON):
         return self if got is None else replace(self, alias_bytes=got[0], alias_log=got[1])
 
 
-_GRIDS = ("aspect_m", "aspect_n", "aspect_log", "aspect_k", *UNALIGNED_GRIDS, "cold_log", "alias_log",
+_GRIDS = ("aspect_m", "aspect_n", "aspect_log", "aspect_k", *UNALIGNED_GRIDS, "line_log", "cold_log", "alias_log",
           "alias_bytes")

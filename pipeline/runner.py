@@ -200,6 +200,19 @@ def write_rows(rows: list[dict], out_dir: Path, table: str) -> Path:
     return path
 
 
+def read_rows(path: Path, columns: tuple[str, ...] | None = None) -> list[dict]:
+    """The rows of a file write_rows wrote, .parquet or .jsonl, as dicts; `columns` keeps those
+    (a column the file lacks is absent from every row). Torch- and dagster-free, for scripts that
+    read a device take's files where only pyarrow (or nothing, for JSON lines) is installed."""
+    if path.suffix == ".jsonl":
+        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        return rows if columns is None else [{c: r[c] for c in columns if c in r} for r in rows]
+    import pyarrow.parquet as pq
+
+    have = None if columns is None else [c for c in columns if c in pq.read_schema(path).names]
+    return pq.read_table(path, columns=have).to_pylist()
+
+
 @contextlib.contextmanager
 def timing_scale_set(scale: float | None):
     """$DEVCHAR_TIMING_SCALE (harness/timer.py) set to `scale` for what runs inside, the sweeps'

@@ -9,22 +9,10 @@ readings (a GPU's rows, or a table from before the probes).
 """
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
 PROBES = ("probe_us", "host_probe_us")
-
-
-def read_rows(path: Path) -> list[dict]:
-    """The probe columns of a runner output file, .parquet or .jsonl (a column it lacks: absent)."""
-    if path.suffix == ".jsonl":
-        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-        return [{c: r[c] for c in PROBES if c in r} for r in rows]
-    import pyarrow.parquet as pq
-
-    have = [c for c in PROBES if c in pq.read_schema(path).names]
-    return pq.read_table(path, columns=have).to_pylist()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -34,11 +22,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from pipeline.harness.spells import usual_of_rows
-    from pipeline.runner import usual_probes_args
+    from pipeline.runner import read_rows, usual_probes_args
 
     path = Path(argv[0])
     try:
-        rows = read_rows(path)
+        rows = read_rows(path, PROBES)
     except (OSError, ValueError) as exc:  # missing, not parquet, bad JSON (pyarrow's errors are ValueErrors)
         print(f"error: {path}: cannot read its rows ({exc})", file=sys.stderr)
         return 2

@@ -234,6 +234,30 @@ def test_a_column_only_later_rows_have_is_written(tmp_path):
     assert list(got.columns) == ["a", "kept_us"] and got["kept_us"].isna().tolist() == [True, False]
 
 
+def test_read_rows_gives_back_what_write_rows_wrote_in_either_format(tmp_path, monkeypatch):
+    """parquet where pyarrow is installed, JSON lines on a bare node: read back the same, and
+    a column asked for that the file lacks is absent, not None."""
+    import builtins
+
+    from pipeline.runner import read_rows, write_rows
+
+    rows = [{"a": 1, "probe_us": 2.5}, {"a": 2, "probe_us": 3.5}]
+    parquet = write_rows(rows, tmp_path / "pq", "gemm_samples")
+    assert parquet.suffix == ".parquet" and read_rows(parquet) == rows
+    assert read_rows(parquet, ("probe_us", "host_probe_us")) == [{"probe_us": 2.5}, {"probe_us": 3.5}]
+    real_import = builtins.__import__
+
+    def no_pyarrow(name, *args, **kwargs):
+        if name.startswith("pyarrow"):
+            raise ImportError(name)
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_pyarrow)
+    jsonl = write_rows(rows, tmp_path / "js", "gemm_samples")
+    assert jsonl.suffix == ".jsonl" and read_rows(jsonl) == rows
+    assert read_rows(jsonl, ("probe_us", "host_probe_us")) == [{"probe_us": 2.5}, {"probe_us": 3.5}]
+
+
 def test_the_calibrations_usual_probes_reach_the_runs_and_traces_alone(monkeypatch, tmp_path):
     """--usual-probes reaches the sweeps that test spells against the calibration (runner.SPELL_ANCHORED);
     `all` takes them from its own GEMM sweep's rows when none are given."""

@@ -177,7 +177,8 @@ def test_a_shape_whose_rows_do_not_alias_sheds_the_aliasing_the_lattice_ran_with
     wider = timed(cells.assign(n=cells["n"] + 16), 1.0).assign(grid=LINE_BASE_GRID)
     plain = table.with_aspect(base)
     fixed = plain.with_alignment(base, wider)
-    assert plain.with_alignment(base, wider[wider["n"] < 0]).line_log is None  # no bases: unchanged
+    odd = wider.assign(n=wider["n"] + 1, grid="unaligned_n", median_us=wider["median_us"] * (wider["n"] + 1) / wider["n"] * 1.2)
+    assert plain.with_alignment(base, odd).line_log is None  # twins without line bases: as before
 
     def priced(t, n, k=128):
         return float(t.predict_us(np.array([64]), np.array([n]), np.array([k]), np.array([1]))[0])
@@ -185,6 +186,18 @@ def test_a_shape_whose_rows_do_not_alias_sheds_the_aliasing_the_lattice_ran_with
     assert priced(fixed, 2048) == pytest.approx(priced(plain, 2048))  # rows of 8 KiB alias: as measured
     assert priced(fixed, 2000) == pytest.approx(priced(plain, 2000) / 2.0, rel=1e-3)
     assert priced(fixed, 2000, k=8) == pytest.approx(priced(plain, 2000, k=8))  # K within a line
+    paired = plain.with_alignment(base, pd.concat([wider, odd], ignore_index=True))
+    assert priced(paired, 2001) == pytest.approx(priced(plain, 2001) / 2.0 * 1.2, rel=1e-3)  # odd N: both
     again = GemmTable.from_dict(json.loads(json.dumps(fixed.to_dict())))
     assert priced(again, 2000) == pytest.approx(priced(fixed, 2000))
     assert "line_log" not in plain.to_dict()
+
+
+def test_the_tables_own_shape_says_which_sizes_hold_the_square_cells_aliasing(synthetic_gemm_model):
+    """With a 1 x 1 tile and one slot the whole-wave table's shape of 2^18 outputs is 512 x 512
+    (float32 rows of 2 KiB: no aliasing, unlike the lattice's 256 x 1024 beside it), of 2^20
+    1024 x 1024 and of 2^22 2048 x 2048 (4 and 8 KiB rows); in bfloat16 only 2048 x 2048 aliases."""
+    table = replace(synthetic_gemm_model.table("mm", "float32"), tile_m=1, tile_n=1, slots=1)
+    sizes = np.array([2.0 ** 18, 2.0 ** 20, 2.0 ** 22, 0.5])
+    assert table._table_shape_aliases(sizes, 1).tolist() == [False, True, True, False]
+    assert replace(table, dtype="bfloat16")._table_shape_aliases(sizes, 1).tolist() == [False, False, True, False]

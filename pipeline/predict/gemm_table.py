@@ -10,7 +10,7 @@ import pandas as pd
 
 from pipeline.core.dtypes import element_bytes
 from pipeline.predict.gemm_alias import alias_factor, alias_grid, rows_alias, short_k
-from pipeline.predict.geometry import bilinear, grid_position
+from pipeline.predict.geometry import bilinear, grid_position, whole_wave_shape
 from pipeline.predict.geometry import waves as count_waves
 from pipeline.predict.gemm_grids import (LINE_BASE_GRID, LINE_BYTES, UNALIGNED_GRIDS, ends_mid_line,
                                          extend_rows_linearly, is_aligned, line_elements, median_on_measured,
@@ -45,8 +45,8 @@ class GemmTable(DataclassJSON):
     unaligned_k_log: np.ndarray | None = None
     # CPU: log of how much longer an aspect cell whose output rows are a multiple of 4 KiB ran
     # than its base one cache line wider (the N twins' LINE_BASE_GRID rows), over the same
-    # lattice: the cells' aliasing, which the aspect correction holds and a shape of another
-    # width does not pay (with_alignment)
+    # lattice, less what the aspect correction's square reference took off: the aliasing the
+    # price holds, which a shape of another width does not pay (with_alignment, _line_log)
     line_log: np.ndarray | None = None
     # CPU: log of how much longer a shape runs with its weights read from memory (rotated
     # through a pool past the cache, sweeps/gemm_points.py) than hot, over the same (M x N) lattice
@@ -147,18 +147,22 @@ class GemmTable(DataclassJSON):
 
     def unaliased_factor(self, m, n, k) -> np.ndarray | float:
         """The aliasing the lattice's cells ran with (line_log), taken off a shape whose output
-        rows are not a multiple of 4 KiB; 1 for one whose are, and at a K within one cache line,
-        where the whole-wave table's short-K twins price the aliasing (gemm_alias.py). It fades
-        below the aspect grid's smallest K as the aspect correction it is part of does.
-        Why: the lattice's columns past a line (float32 N = 1024, 4096, 16 384, 65 536) all alias,
+        rows are not a multiple of 4 KiB; 1 for one whose are, and at a K the whole-wave table's
+        short-K twins still reach (gemm_alias.py), which price the aliasing there. It fades below
+        the aspect grid's smallest K as the aspect correction it is part of does.
+        Why: the lattice's float32 columns of N >= 1024 (1024, 4096, 16 384, 65 536) all alias,
         and their aspect correction priced GPT-2's LM head (512 x 50 257 x 128, rows that do not
-        alias) with it: 1.52x the square shape on the Zen 3 EPYC VM, where 512 x 50 256 ran 1.07x
-        it and 512 x 65 536 1.1-1.4x (docs/methods.md)."""
+        alias) with it: 1.52x the square shape on the Zen 3 EPYC VM, where 512 x 50 256 ran
+        1.03-1.07x the square shapes at K = 128 (docs/methods.md)."""
         k = np.asarray(k, float)
         fade = 1.0
         if self.aspect_k is not None and self.aspect_k[0] > 1:
             fade = np.clip(np.log2(np.maximum(k, 1.0)) / np.log2(self.aspect_k[0]), 0.0, 1.0)
-        pays = ~rows_alias(n, self.dtype) & ~short_k(k, self.dtype)
+        # where the table's short-K correction still reaches (its grid's K past a line, between
+        # which and the last short K alias_factor interpolates), it prices the aliasing instead
+        past = self.ks[self.ks * element_bytes(self.dtype) > LINE_BYTES]
+        clear = past[0] if self.alias_log is not None and past.size else 0.0
+        pays = ~rows_alias(n, self.dtype) & ~short_k(k, self.dtype) & (k >= clear)
         return np.exp(-self._on_lattice(self.line_log, m, n) * fade * pays)
 
     def with_aspect(self, rows: pd.DataFrame) -> "GemmTable":
@@ -231,10 +235,14 @@ class GemmTable(DataclassJSON):
     def _line_log(self, base: pd.DataFrame, wider: pd.DataFrame) -> np.ndarray | None:
         """Per aliasing aspect cell, log(cell time / its base one line wider's) less the base's
         extra FLOPs, the neighbourhood median over the cells measured, 0 in columns whose rows do
-        not alias; None without line bases (every calibration before stop 58's sweep)."""
+        not alias; None without line bases (every calibration before stop 58's sweep).
+        The aspect correction is relative to each output size's most square cells, so at a size
+        where those alias and the whole-wave table's own shape does not (float32 2^18: the
+        lattice's 256 x 1024 beside the table's 512 x 512), the price of a shape holds their
+        aliasing less by their share, and that share is not taken off again."""
         if wider.empty:
             return None
-        keys = ["m", "n", "k"]
+        keys = ["m", "n", "k", "batch"]
         cell = base.groupby(keys, as_index=False)["median_us"].median()
         pair = wider.assign(n=wider["n"] - line_elements(self.dtype)).merge(cell, on=keys, suffixes=("_wide", ""))
         if pair.empty:
@@ -243,7 +251,28 @@ class GemmTable(DataclassJSON):
                            + np.log((pair["n"] + line_elements(self.dtype)) / pair["n"]))
         cells = pair.pivot_table(index="m", columns="n", values="log_ratio", aggfunc="median")
         cells = cells.reindex(index=self.aspect_m, columns=self.aspect_n).to_numpy(float)
-        return median_on_measured(cells, self.aspect_m, self.aspect_n) * rows_alias(self.aspect_n, self.dtype)
+        held = median_on_measured(cells, self.aspect_m, self.aspect_n) * rows_alias(self.aspect_n, self.dtype)
+        batch = float(base["batch"].median())
+        one_wave = float(self.tile_m * self.tile_n * self.slots) / batch  # per matrix, as with_aspect's
+        square = held - relative_to_square(pd.DataFrame(held, index=self.aspect_m, columns=self.aspect_n),
+                                           one_wave, top=one_wave * float(np.max(self.waves)))
+        outputs = self.aspect_m[:, None] * self.aspect_n[None, :]
+        return held - square * ~self._table_shape_aliases(outputs, int(batch))
+
+    def _table_shape_aliases(self, outputs: np.ndarray, batch: int) -> np.ndarray:
+        """Whether the whole-wave table's own shape of each output size (per matrix) has output
+        rows a multiple of 4 KiB; False for a size no whole number of waves makes."""
+        per_wave = self.tile_m * self.tile_n * self.slots
+        out = np.zeros(outputs.shape, bool)
+        for idx, size in np.ndenumerate(outputs):
+            waves = size * batch / per_wave
+            if waves >= 1 and waves == int(waves):
+                try:
+                    out[idx] = bool(rows_alias(whole_wave_shape(int(waves), self.tile_m, self.tile_n, self.slots,
+                                                                batch)[1], self.dtype))
+                except ValueError:  # the batch does not divide those waves' tiles
+                    pass
+        return out
 
     def with_cold(self, hot: pd.DataFrame, cold: pd.DataFrame) -> "GemmTable":
         """This table with its cold-weight correction: per aspect cell (M, N), log(rotated time /

@@ -132,9 +132,13 @@ class GemmTable(DataclassJSON):
         ik, fk, ik1 = grid_position(np.log2(self.aspect_k), np.log2(k))
         lo = np.take_along_axis(per_k, ik[..., None], -1)[..., 0]
         hi = np.take_along_axis(per_k, ik1[..., None], -1)[..., 0]
-        below = np.clip(np.log2(np.maximum(k, 1.0)) / np.log2(self.aspect_k[0]), 0.0, 1.0) \
-            if self.aspect_k[0] > 1 else 1.0
-        return np.exp((lo * (1 - fk) + hi * fk) * below)
+        return np.exp((lo * (1 - fk) + hi * fk) * self._below_grid_fade(k))
+
+    def _below_grid_fade(self, k) -> np.ndarray | float:
+        """1 from the aspect grid's smallest K up, falling linearly in log2 K to 0 at K = 1."""
+        if self.aspect_k[0] <= 1:
+            return 1.0
+        return np.clip(np.log2(np.maximum(np.asarray(k, float), 1.0)) / np.log2(self.aspect_k[0]), 0.0, 1.0)
 
     def alignment_factor(self, m, n, k) -> np.ndarray | float:
         """How much longer a shape whose N or K rows end mid cache line runs than an aligned
@@ -155,9 +159,7 @@ class GemmTable(DataclassJSON):
         alias) with it: 1.52x the square shape on the Zen 3 EPYC VM, where 512 x 50 256 ran
         1.03-1.07x the square shapes at K = 128 (docs/methods.md)."""
         k = np.asarray(k, float)
-        fade = 1.0
-        if self.aspect_k is not None and self.aspect_k[0] > 1:
-            fade = np.clip(np.log2(np.maximum(k, 1.0)) / np.log2(self.aspect_k[0]), 0.0, 1.0)
+        fade = self._below_grid_fade(k) if self.aspect_k is not None else 1.0
         # where the table's short-K correction still reaches (its grid's K past a line, between
         # which and the last short K alias_factor interpolates), it prices the aliasing instead
         past = self.ks[self.ks * element_bytes(self.dtype) > LINE_BYTES]

@@ -89,3 +89,17 @@ def test_usual_probes_refuses_a_table_without_readings_or_a_missing_file(tmp_pat
     assert "no probe readings" in capsys.readouterr().err
     assert script.main([str(tmp_path / "absent.parquet")]) == 2
     assert "cannot read its rows" in capsys.readouterr().err
+
+
+def test_the_elb_probe_times_three_builds_and_refuses_what_it_cannot_time(tmp_path, monkeypatch, capsys):
+    probe = _load("probe_elb_in_step")
+    monkeypatch.setenv("DEVCHAR_HOME", str(tmp_path))  # no warehouse: timings only
+    assert probe.main(["--configs", "tiny", "--batch", "4", "--rounds", "1", "--steps", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "no warehouse" in out and "dlrm-tiny 4: full " in out and "-> tables " in out
+    for argv, said in [(["--batch", "0"], "--batch must be positive, got 0"),
+                       (["--rounds", "0"], "--rounds must be positive, got 0"),
+                       (["--configs", "nope"], "unknown DLRM config set 'nope'")]:
+        with pytest.raises(SystemExit) as exc:
+            probe.main(argv)
+        assert exc.value.code == 2 and said in capsys.readouterr().err

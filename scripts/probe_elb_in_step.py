@@ -1,0 +1,139 @@
+"""What a DLRM training step spends on its embedding tables' backward and sparse SGD update
+(EL-B), untraced, beside what the model prices for it (issue 14's "what the micro-benchmarks
+miss inside a real model"): a measurement to run, not a model.
+
+    .venv/bin/python scripts/probe_elb_in_step.py [--configs quick] [--batch 32 128 512]
+        [--rounds 3] [--steps 25]           (DEVCHAR_HOME with a warehouse: the model's price too)
+
+Per (config, batch) it builds the model three times from one seed and times a training step
+over the same pool of batches, in interleaved rounds, keeping each variant's quickest median:
+
+- full: the step as `make run` times it;
+- frozen: the tables' weights with requires_grad off, so no gradient reaches them and the
+  optimizer holds only the dense weights;
+- frozen, per-tensor SGD: the same, with the optimizer's per-tensor loop (foreach off), which
+  torch's SGD falls back to for every parameter once one has a sparse gradient.
+
+full - (frozen, per-tensor SGD) is what the tables' backward and update cost inside the step,
+autograd nodes included; the optimizer's change of path is the difference of the two frozen
+variants. With a warehouse, the model's EL-B price for the same config's capture (embedding
+backward, priced with its cache blend) and its traced time (EL-B with the ops it covers) are
+printed beside it. On the Zen 3 EPYC VM (2026-12-01 05:40, the 5th take's models) the tables
+cost 2.2-2.7 ms of MLPerf and DDP steps at batch 32 where 0.9-2.0 ms was priced
+(docs/methods.md). Run it on the machine the warehouse calibrated, idle: it is a timing.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _median_ms(fn, steps: int, warmup: int = 5) -> float:
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1e3
+
+
+def _variants(spec, batch: int):
+    """name -> a training step of the three builds, each over the same pool of batches."""
+    import torch
+
+    from pipeline.workloads.dlrm_run import build_dlrm, make_batches, training_steps
+
+    batches = make_batches(spec, batch)
+    out = {"full": training_steps(build_dlrm(spec), batches)}
+    for name, foreach in (("frozen", None), ("frozen, per-tensor SGD", False)):
+        model = build_dlrm(spec)
+        for table in model.tables:
+            table.weight.requires_grad_(False)
+        dense = [p for p in model.parameters() if p.requires_grad]
+        model.optimizer = torch.optim.SGD(dense, lr=model.optimizer.defaults["lr"], foreach=foreach)
+        out[name] = training_steps(model, batches)
+    return out
+
+
+def _priced(device: str | None) -> dict:
+    """(config, batch) -> (priced EL-B ms, traced EL-B ms) of the warehouse's DLRM captures; {}
+    without a warehouse."""
+    from pipeline.core.config import devchar_home
+
+    db = os.path.join(devchar_home(), "devchar.duckdb")
+    if not os.path.isfile(db):
+        return {}
+    import duckdb
+    import pandas as pd
+
+    from pipeline.core.config import model_store_root
+    from pipeline.predict import store
+    from pipeline.predict.graph_predict import load_graph, predict_graph
+
+    con = duckdb.connect(db, read_only=True)
+    device = device or con.execute("SELECT device FROM devices LIMIT 1").fetchone()[0]
+    graphs = con.execute("SELECT * FROM workload_graphs WHERE device = ? AND workload = 'dlrm'", [device]).df()
+    models = {m: store.load(model_store_root(), device, m)
+              for m in ("gemm_model", "utility_model", "embedding_model", "memory_model")}
+    out = {}
+    for g in graphs.to_dict("records"):
+        graph, shapes, scalars, strides = load_graph(g["graph_json"])
+        ops = pd.DataFrame(predict_graph(graph, shapes, scalars, models, g["dtype"], {}, True, strides)["coverage"]["ops"])
+        elb = ops[ops["model_op"] == "embedding:backward"]
+        traced = elb["measured_us"].sum() + ops.loc[ops["status"] == "covered", "measured_us"].sum()
+        out[(g["config"], int(g["batch"]))] = (elb["predicted_us"].sum() / 1e3, traced / 1e3)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--configs", default="quick", help="DLRM config set (tiny, quick, full)")
+    ap.add_argument("--batch", type=int, nargs="+", default=[32, 128, 512])
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=25)
+    ap.add_argument("--device", default=None, help="the warehouse's device (default: its first)")
+    args = ap.parse_args(argv)
+    for name in ("rounds", "steps"):
+        if getattr(args, name) < 1:
+            ap.error(f"--{name} must be positive, got {getattr(args, name)}")
+    bad = [b for b in args.batch if b < 1]
+    if bad:
+        ap.error(f"--batch must be positive, got {bad[0]}")
+
+    from pipeline.core.errors import DevcharError
+    from pipeline.workloads.dlrm import configs_for
+
+    try:
+        specs = configs_for(args.configs)
+    except DevcharError as e:
+        ap.error(str(e))
+    priced = _priced(args.device)
+    print("config, batch: untraced step ms (quickest median of each variant); the tables' share; "
+          + ("the model's EL-B price and traced EL-B for the warehouse's capture" if priced else "no warehouse"))
+    for spec in specs:
+        for batch in args.batch:
+            steps = _variants(spec, batch)
+            times = {name: [] for name in steps}
+            for _ in range(args.rounds):  # interleaved: a slow spell must not land on one variant
+                for name, fn in steps.items():
+                    times[name].append(_median_ms(fn, args.steps))
+            best = {name: min(t) for name, t in times.items()}
+            tables = best["full"] - best["frozen, per-tensor SGD"]
+            path = best["frozen, per-tensor SGD"] - best["frozen"]
+            line = (f"{spec.name} {batch}: full {best['full']:.2f}, frozen {best['frozen']:.2f}, frozen per-tensor "
+                    f"{best['frozen, per-tensor SGD']:.2f} -> tables {tables:.2f} ms, optimizer path {path:+.2f} ms")
+            if (spec.name, batch) in priced:
+                line += " | EL-B priced {:.2f}, traced {:.2f} ms".format(*priced[(spec.name, batch)])
+            print(line, flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

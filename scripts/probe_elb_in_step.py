@@ -18,9 +18,10 @@ full - (frozen, per-tensor SGD) is what the tables' backward and update cost ins
 autograd nodes included; the optimizer's change of path is the difference of the two frozen
 variants. With a warehouse, the model's EL-B price for the same config's capture (embedding
 backward, priced with its cache blend) and its traced time (EL-B with the ops it covers) are
-printed beside it. On the Zen 3 EPYC VM (2026-12-01 05:40, the 5th take's models) the tables
-cost 2.2-2.7 ms of MLPerf and DDP steps at batch 32 where 0.9-2.0 ms was priced
-(docs/methods.md). Run it on the machine the warehouse calibrated, idle: it is a timing.
+printed beside it. On the Zen 3 EPYC VM (2026-12-01, its 5th take's models) DDP's tables cost
+2.1 / 5.0 / 11.5 ms of the step at batch 32 / 128 / 512, priced 1.0 / 2.1 / 6.7 (docs/methods.md,
+"EL-B and EL-F timed over a pool of index sets"). Run it on the machine the warehouse
+calibrated, idle: it is a timing.
 """
 from __future__ import annotations
 

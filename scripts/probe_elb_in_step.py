@@ -5,23 +5,23 @@ miss inside a real model"): a measurement to run, not a model.
     .venv/bin/python scripts/probe_elb_in_step.py [--configs quick] [--batch 32 128 512]
         [--rounds 3] [--steps 25]           (DEVCHAR_HOME with a warehouse: the model's price too)
 
-Per (config, batch) it builds the model three times from one seed and times a training step
-over the same pool of batches, in interleaved rounds, keeping each variant's quickest median:
+Per (config, batch) it builds the model twice from one seed and times a training step over the
+same pool of batches, in interleaved rounds, keeping each build's quickest median:
 
 - full: the step as `make run` times it;
 - frozen: the tables' weights with requires_grad off, so no gradient reaches them and the
-  optimizer holds only the dense weights;
-- frozen, per-tensor SGD: the same, with the optimizer's per-tensor loop (foreach off), which
-  torch's SGD falls back to for every parameter once one has a sparse gradient.
+  optimizer holds only the dense weights (on a CPU SGD steps them one tensor at a time either
+  way: torch's foreach path is for GPU tensors).
 
-full - (frozen, per-tensor SGD) is what the tables' backward and update cost inside the step,
-autograd nodes included; the optimizer's change of path is the difference of the two frozen
-variants. With a warehouse, the model's EL-B price for the same config's capture (embedding
-backward, priced with its cache blend) and its traced time (EL-B with the ops it covers) are
-printed beside it. On the Zen 3 EPYC VM (2026-12-01, its 5th take's models) DDP's tables cost
-2.1 / 5.0 / 11.5 ms of the step at batch 32 / 128 / 512, priced 1.0 / 2.1 / 6.7 (docs/methods.md,
-"EL-B and EL-F timed over a pool of index sets"). Run it on the machine the warehouse
-calibrated, idle: it is a timing.
+full - frozen is what the tables' backward and update cost inside the step, autograd nodes
+included, and a little more: without a gradient the lookups run torch's forward-only kernel,
+which skips some of the forward's bookkeeping (small beside EL-B). Both builds are alive at
+once, so the full configs (tables of tens of GB) are refused. With a warehouse, the model's EL-B
+price for the same config's capture (embedding backward, priced with its cache blend) and its
+traced time (EL-B with the ops it covers) are printed beside it. On the Zen 3 EPYC VM
+(2026-12-01, its 5th take's models) DDP's tables cost 2.1 / 5.0 / 11.5 ms of the step at batch
+32 / 128 / 512, priced 1.0 / 2.1 / 6.7 (docs/methods.md, "EL-B and EL-F timed over a pool of
+index sets"). Run it on the machine the warehouse calibrated, idle: it is a timing.
 """
 from __future__ import annotations
 
@@ -46,21 +46,14 @@ def _median_ms(fn, steps: int, warmup: int = 5) -> float:
 
 
 def _variants(spec, batch: int):
-    """name -> a training step of the three builds, each over the same pool of batches."""
-    import torch
-
+    """name -> a training step of the two builds, each over the same pool of batches."""
     from pipeline.workloads.dlrm_run import build_dlrm, make_batches, training_steps
 
     batches = make_batches(spec, batch)
-    out = {"full": training_steps(build_dlrm(spec), batches)}
-    for name, foreach in (("frozen", None), ("frozen, per-tensor SGD", False)):
-        model = build_dlrm(spec)
-        for table in model.tables:
-            table.weight.requires_grad_(False)
-        dense = [p for p in model.parameters() if p.requires_grad]
-        model.optimizer = torch.optim.SGD(dense, lr=model.optimizer.defaults["lr"], foreach=foreach)
-        out[name] = training_steps(model, batches)
-    return out
+    frozen = build_dlrm(spec)
+    for table in frozen.tables:
+        table.weight.requires_grad_(False)
+    return {"full": training_steps(build_dlrm(spec), batches), "frozen": training_steps(frozen, batches)}
 
 
 def _priced(device: str | None) -> dict:
@@ -95,7 +88,7 @@ def _priced(device: str | None) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--configs", default="quick", help="DLRM config set (tiny, quick, full)")
+    ap.add_argument("--configs", default="quick", help="DLRM config set (tiny or quick)")
     ap.add_argument("--batch", type=int, nargs="+", default=[32, 128, 512])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=25)
@@ -111,6 +104,8 @@ def main(argv: list[str] | None = None) -> int:
     from pipeline.core.errors import DevcharError
     from pipeline.workloads.dlrm import configs_for
 
+    if args.configs == "full":
+        ap.error("--configs full: two builds of tables of tens of GB each would be alive at once")
     try:
         specs = configs_for(args.configs)
     except DevcharError as e:
@@ -126,10 +121,8 @@ def main(argv: list[str] | None = None) -> int:
                 for name, fn in steps.items():
                     times[name].append(_median_ms(fn, args.steps))
             best = {name: min(t) for name, t in times.items()}
-            tables = best["full"] - best["frozen, per-tensor SGD"]
-            path = best["frozen, per-tensor SGD"] - best["frozen"]
-            line = (f"{spec.name} {batch}: full {best['full']:.2f}, frozen {best['frozen']:.2f}, frozen per-tensor "
-                    f"{best['frozen, per-tensor SGD']:.2f} -> tables {tables:.2f} ms, optimizer path {path:+.2f} ms")
+            line = (f"{spec.name} {batch}: full {best['full']:.2f}, frozen {best['frozen']:.2f} -> tables "
+                    f"{best['full'] - best['frozen']:.2f} ms")
             if (spec.name, batch) in priced:
                 line += " | EL-B priced {:.2f}, traced {:.2f} ms".format(*priced[(spec.name, batch)])
             print(line, flush=True)

@@ -24,8 +24,8 @@ def test_embedding_sweep_tiny(cpu):
     # each backward row carries what its one backward() call cost beyond the work; forward rows none
     assert (df.loc[df["direction"] == "backward", "backward_call_us"] > 0).all()
     assert df.loc[df["direction"] == "forward", "backward_call_us"].isna().all()
-    # every CPU row says how many index sets its calls cycled through
-    assert (df["index_sets"] >= 1).all()
+    # every CPU row says how many index sets its calls cycled through, and the tiny tables need several
+    assert (df["index_sets"] >= 1).all() and (df["index_sets"] > 1).any()
 
 
 def test_a_point_cycles_through_index_sets_whose_rows_add_up_to_the_pools_or_the_table():
@@ -33,8 +33,8 @@ def test_a_point_cycles_through_index_sets_whose_rows_add_up_to_the_pools_or_the
 
     # 128 x 10 rows of 256 B from an 80 000-row table (20 MB): 63 calls to look up as much as it holds
     assert index_pool_size(EmbeddingPoint(128, 80_000, 1, 10, 64, False), 4) == 63
-    # a table larger than the pool's bytes: as many calls as pass them (64 x 256 KB), or POOL_MAX
-    assert index_pool_size(EmbeddingPoint(128, 4_000_000, 1, 8, 64, False), 4) == POOL_TOUCHED_BYTES // (4096 * 64 * 4)
+    # a table larger than the pool's bytes (4M rows of 512 B): as many calls as pass them, 8 MB each
+    assert index_pool_size(EmbeddingPoint(128, 4_000_000, 1, 128, 128, False), 4) == POOL_TOUCHED_BYTES // (16384 * 512)
     assert index_pool_size(EmbeddingPoint(16, 1_000_000, 1, 1, 64, False), 4) == POOL_MAX
     # a call that looks up more rows than its table holds repeats its one set
     assert index_pool_size(EmbeddingPoint(1024, 1000, 1, 8, 64, False), 4) == 1

@@ -99,7 +99,8 @@ def test_the_elb_probe_times_three_builds_and_refuses_what_it_cannot_time(tmp_pa
     assert "no warehouse" in out and "dlrm-tiny 4: full " in out and "-> tables " in out
     for argv, said in [(["--batch", "0"], "--batch must be positive, got 0"),
                        (["--rounds", "0"], "--rounds must be positive, got 0"),
-                       (["--configs", "nope"], "unknown DLRM config set 'nope'")]:
+                       (["--configs", "nope"], "unknown DLRM config set 'nope'"),
+                       (["--configs", "full"], "two builds of tables of tens of GB")]:
         with pytest.raises(SystemExit) as exc:
             probe.main(argv)
         assert exc.value.code == 2 and said in capsys.readouterr().err

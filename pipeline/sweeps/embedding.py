@@ -216,8 +216,9 @@ def index_pool_size(p: EmbeddingPoint, eb: int, device_kind: str = "cpu") -> int
     Why: the sweep used to repeat one index set, so a call found the rows it looks up where the
     call before left them, in L2; a training step draws a new batch each time. Timed in turns on
     the Zen 3 EPYC VM (2026-12-01), one index set against the pool, summed over each quick DLRM
-    config's tables: backward and update 1.37 -> 1.69 ms (DDP, batch 32), 2.72 -> 3.71 (128),
-    8.56 -> 11.83 (512), 5.31 -> 8.10 (default, batch 32); MLPerf +5-7 % (docs/methods.md)."""
+    config's tables: backward and update 2.14 -> 2.46 ms (DDP, batch 32), 3.56 -> 4.49 (128),
+    9.49 -> 12.75 (512), 3.57 -> 6.16 and 12.45 -> 20.30 (default, batch 32 and 128); MLPerf +3
+    to +7 % (docs/methods.md)."""
     if device_kind != "cpu":
         return 1
     per_call = p.B * p.T * p.L
@@ -304,7 +305,7 @@ def sweep_embedding(dev: DeviceIdentity, profile_name, log=None) -> list[dict]:
     for dtype, p in todo:
         group_rows[(dtype, p.D)] = max(group_rows.get((dtype, p.D), 0), p.T * p.E)
     prog = Progress("embedding_samples", len(todo) * len(DIRECTIONS), log)
-    states = [(False, s.timing, int(dev.l2_bytes or 0))]  # hot: the call repeated, as before
+    states = [(False, s.timing, int(dev.l2_bytes or 0))]  # hot: no flush, each call on the next index set
     cold, cold_at = cold_timing(s, dev, prog.log), set()
     if cold is not None:
         spec, flush_half, cost_s = cold

@@ -20,8 +20,8 @@ once, so the full configs (tables of tens of GB) are refused. With a warehouse, 
 price for the same config's capture (embedding backward, priced with its cache blend) and its
 traced time (EL-B with the ops it covers) are printed beside it. On the Zen 3 EPYC VM
 (2026-12-01, its 5th take's models) DDP's tables cost 2.1 / 5.0 / 11.5 ms of the step at batch
-32 / 128 / 512, priced 1.0 / 2.1 / 6.7 (docs/methods.md, "EL-B and EL-F timed over a pool of
-index sets"). Run it on the machine the warehouse calibrated, idle: it is a timing.
+32 / 128 / 512, priced 1.0 / 2.1 / 6.7 (docs/methods.md, "EL-B timed over a pool of index
+sets"). Run it on the machine the warehouse calibrated, idle: it is a timing.
 """
 from __future__ import annotations
 

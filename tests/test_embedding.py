@@ -24,51 +24,6 @@ def test_embedding_sweep_tiny(cpu):
     # each backward row carries what its one backward() call cost beyond the work; forward rows none
     assert (df.loc[df["direction"] == "backward", "backward_call_us"] > 0).all()
     assert df.loc[df["direction"] == "forward", "backward_call_us"].isna().all()
-    # every CPU row says how many index sets its calls cycled through, and the tiny tables need several
-    assert (df["index_sets"] >= 1).all() and (df["index_sets"] > 1).any()
-
-
-def test_a_point_cycles_through_index_sets_whose_rows_add_up_to_the_pools_or_the_table():
-    from pipeline.sweeps.embedding import POOL_BYTES, POOL_MAX, POOL_TOUCHED_BYTES, EmbeddingPoint, index_pool_size
-
-    # 128 x 10 rows of 256 B from an 80 000-row table (20 MB): 63 calls to look up as much as it holds
-    assert index_pool_size(EmbeddingPoint(128, 80_000, 1, 10, 64, False), 4) == 63
-    # a table larger than the pool's bytes (4M rows of 512 B): as many calls as pass them, 8 MB each
-    assert index_pool_size(EmbeddingPoint(128, 4_000_000, 1, 128, 128, False), 4) == POOL_TOUCHED_BYTES // (16384 * 512)
-    assert index_pool_size(EmbeddingPoint(16, 1_000_000, 1, 1, 64, False), 4) == POOL_MAX
-    # a call that looks up more rows than its table holds repeats its one set
-    assert index_pool_size(EmbeddingPoint(1024, 1000, 1, 8, 64, False), 4) == 1
-    # the pool's indices and graphs stay within POOL_BYTES
-    big = EmbeddingPoint(1024, 1_000_000, 4, 100, 16, False)
-    n = index_pool_size(big, 4)
-    assert 1 <= n < POOL_MAX and n * (1024 * 4 * 100 * 3 * 8) <= POOL_BYTES
-    # a GPU repeats one set: its timings flush L2 and may replay one captured call
-    assert index_pool_size(EmbeddingPoint(16, 1_000_000, 1, 1, 64, False), 4, "cuda") == 1
-
-
-@pytest.mark.parametrize("direction", ["forward", "backward"])
-def test_each_call_looks_up_the_next_index_set(direction):
-    import torch
-
-    from pipeline.sweeps.embedding import EmbeddingPoint, _callable, _index_sets
-
-    p = EmbeddingPoint(4, 50, 1, 2, 8, False)
-    weight = torch.randn(50, 8, requires_grad=True)
-    sets = _index_sets(p, "cpu", 3)
-    assert len({tuple(idx.tolist()) for idx, _ in sets}) == 3
-    call = _callable(direction, weight, sets)
-    if direction == "forward":
-        got = [call() for _ in range(4)]
-        want = [torch.nn.functional.embedding_bag(idx, weight, off, mode="sum") for idx, off in sets]
-        for g, w in zip(got, want + want[:1]):  # the fourth call is the first set again
-            assert torch.allclose(g, w)
-    else:  # each backward updates the rows of its own set: rows outside every set stay as they were
-        touched = set(torch.cat([idx for idx, _ in sets]).tolist())
-        before = weight.detach().clone()
-        for _ in range(3):
-            call()
-        moved = set(torch.nonzero((weight.detach() != before).any(1)).flatten().tolist())
-        assert moved == touched
 
 
 def test_a_backward_rows_engine_call_is_fitted_off_and_added_back_for_the_sweeps_rows():

@@ -79,9 +79,8 @@ CONTRACT: dict[str, Table] = {
     "embedding_samples": _sample({"direction": "str", "B": "int", "E": "int", "T": "int", "L": "int", "D": "int",
                                   "dtype": "str", "shape": "str", "bytes": "float", "index_bytes": "int",
                                   "l2_bytes": "int", "llc_bytes": "int", "units": "int", "rows_per_block": "int",
-                                  "held_out": "bool"}, {"cold": "bool", "backward_call_us": "float", "index_sets": "int"},
-                                 # the fit subtracts backward_call_us: 0 or less is a broken timing
-                                 {"backward_call_us": ">0?", "index_sets": ">0?"}),
+                                  "held_out": "bool"}, {"cold": "bool", "backward_call_us": "float"},
+                                 {"backward_call_us": ">0?"}),  # the fit subtracts it: 0 or less is a broken timing
     "memory_samples": _sample({"op": "str", "dtype": "str", "batch": "int", "m": "int", "n": "int", "k": "int",
                                "shape": "str", "bytes": "float", "held_out": "bool"},
                               {"repeat_us": "float", "repeat_stalled": "bool"}),

@@ -196,10 +196,8 @@ class EmbeddingModel:
                 cached_share: float | None = None) -> np.ndarray:
         """Predicted microseconds (arrays broadcast); hit_rate=False is the plain DRAM-only model.
         cached_share (0..1, with cold fits): the share of the table traffic that finds its rows as
-        the sweep's hot calls did (no flush; since 2026-12-01 each call on the next of a pool of
-        index sets, so its rows come from as far as the table's size puts them, and the hot fit
-        holds those misses already: the blend's cold extra over it is smaller than before); the
-        rest costs what the cold fit charges per byte and per lookup beyond the hot one. The per-call overhead stays the hot fit's: a flush evicts the
+        the sweep's repeated call did; the rest costs what the cold fit charges per byte and per
+        lookup beyond the hot one. The per-call overhead stays the hot fit's: a flush evicts the
         call's own small tensors and code too, which inside a model stay in cache (on the EPYC VM
         a cold fit's overhead priced DLRM-MLPerf's 26 one-row lookups at 4x their traced time).
         cached_share=0.0 with overhead too is what a row timed cold measured (predict_rows)."""
@@ -306,7 +304,7 @@ def _fit_groups(samples: pd.DataFrame, candidates: list[float], units: int, rpb:
 
 def predict_rows(model: EmbeddingModel, direction: str, dtype: str, rows: pd.DataFrame,
                  hit_rate: bool = True) -> np.ndarray:
-    """Predicted µs for embedding_samples rows: hot rows as the sweep's unflushed calls, rows
+    """Predicted µs for embedding_samples rows: hot rows as the sweep's repeated call, rows
     timed cold (column `cold`) with the cold fits."""
     shape = [rows[c].to_numpy() for c in ("B", "E", "T", "L", "D")]
     pred = model.predict(direction, dtype, *shape, hit_rate=hit_rate)

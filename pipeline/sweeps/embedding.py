@@ -21,7 +21,6 @@ uses (`l2_bytes`, `llc_bytes`, `units`, `rows_per_block`; see pipeline.predict.e
 from __future__ import annotations
 
 import itertools
-import math
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -201,38 +200,6 @@ class _Tables:
         return self.buf[:rows_needed].detach().requires_grad_()
 
 
-# A CPU point's calls cycle through distinct index sets, as a DLRM run cycles through a pool of
-# batches (workloads/dlrm_run.pool_size, whose rule this is): enough that the rows they look up
-# add up to POOL_TOUCHED_BYTES, or to the table where it is smaller, at most POOL_MAX sets, and
-# at most POOL_BYTES of indices and (backward) saved graphs.
-POOL_TOUCHED_BYTES = 1 << 30
-POOL_MAX = 1024
-POOL_BYTES = 64 << 20
-
-
-def index_pool_size(p: EmbeddingPoint, eb: int, device_kind: str = "cpu") -> int:
-    """How many distinct index sets a point's calls cycle through; 1 on a GPU, whose timings
-    flush its L2 before each repetition and may replay one captured call.
-    Why: the sweep used to repeat one index set, so a call found the rows it looks up where the
-    call before left them, in L2; a training step draws a new batch each time. Timed in turns on
-    the Zen 3 EPYC VM (2026-12-01), one index set against the pool, summed over each quick DLRM
-    config's tables: backward and update 2.14 -> 2.46 ms (DDP, batch 32), 3.56 -> 4.49 (128),
-    9.49 -> 12.75 (512), 3.57 -> 6.16 and 12.45 -> 20.30 (default, batch 32 and 128); MLPerf +3
-    to +7 % (docs/methods.md)."""
-    if device_kind != "cpu":
-        return 1
-    per_call = p.B * p.T * p.L
-    want = math.ceil(min(POOL_TOUCHED_BYTES, p.T * p.E * p.D * eb) / (per_call * p.D * eb))
-    # indices, offset2bag and the backward's sorted copies (int64 each), and the pooled output
-    per_set = per_call * 3 * INDEX_BYTES + p.B * p.T * p.D * eb
-    return int(max(1, min(want, POOL_MAX, POOL_BYTES // per_set)))
-
-
-def _index_sets(p: EmbeddingPoint, device: str, count: int) -> list:
-    """`count` distinct (indices, offsets) of point `p`, seeds 0, 1, ...: the first is _inputs's."""
-    return [_inputs(p, device, seed=i) for i in range(count)]
-
-
 def _inputs(p: EmbeddingPoint, device: str, seed: int = 0):
     import torch
 
@@ -243,27 +210,21 @@ def _inputs(p: EmbeddingPoint, device: str, seed: int = 0):
     return idx, offsets
 
 
-def _callable(direction: str, weight, sets: list):
-    """One call of the lookup (forward) or of its backward and SGD step, each call on the next of
-    `sets` ((indices, offsets) pairs, cycled; the backward's forward graphs are built once)."""
+def _callable(direction: str, weight, idx, offsets):
     import torch
     import torch.nn.functional as F
 
     if direction == "forward":
-        next_set = itertools.cycle(sets).__next__
-
         def fwd():
-            idx, offsets = next_set()
             with torch.no_grad():
                 return F.embedding_bag(idx, weight, offsets, mode="sum")
         return fwd
-    outs = [F.embedding_bag(idx, weight, offsets, mode="sum", sparse=True) for idx, offsets in sets]
-    ones = torch.ones_like(outs[0])  # d(out.sum())/d(out)
-    next_out = itertools.cycle(outs).__next__
+    out = F.embedding_bag(idx, weight, offsets, mode="sum", sparse=True)
+    ones = torch.ones_like(out)  # d(out.sum())/d(out)
 
     def bwd():
         weight.grad = None
-        next_out().backward(ones, retain_graph=True)
+        out.backward(ones, retain_graph=True)
         with torch.no_grad():
             weight.add_(weight.grad, alpha=-LR)
     return bwd
@@ -305,7 +266,7 @@ def sweep_embedding(dev: DeviceIdentity, profile_name, log=None) -> list[dict]:
     for dtype, p in todo:
         group_rows[(dtype, p.D)] = max(group_rows.get((dtype, p.D), 0), p.T * p.E)
     prog = Progress("embedding_samples", len(todo) * len(DIRECTIONS), log)
-    states = [(False, s.timing, int(dev.l2_bytes or 0))]  # hot: no flush, each call on the next index set
+    states = [(False, s.timing, int(dev.l2_bytes or 0))]  # hot: the call repeated, as before
     cold, cold_at = cold_timing(s, dev, prog.log), set()
     if cold is not None:
         spec, flush_half, cost_s = cold
@@ -325,8 +286,7 @@ def sweep_embedding(dev: DeviceIdentity, profile_name, log=None) -> list[dict]:
     for i, (dtype, p) in enumerate(todo):
         try:
             weight = tables.get(p.T * p.E, p.D, dtype, group_rows[(dtype, p.D)])
-            pool = index_pool_size(p, element_bytes(dtype), dev.kind)
-            sets = _index_sets(p, dev.torch_device, pool)
+            idx, offsets = _inputs(p, dev.torch_device)
         except torch.OutOfMemoryError:
             torch.cuda.empty_cache()
             skipped += len(DIRECTIONS)
@@ -339,7 +299,7 @@ def sweep_embedding(dev: DeviceIdentity, profile_name, log=None) -> list[dict]:
                 if is_cold and i not in cold_at:
                     continue
                 try:
-                    meas = measure(_callable(direction, weight, sets), timing, dev.torch_device, flush_half)
+                    meas = measure(_callable(direction, weight, idx, offsets), timing, dev.torch_device, flush_half)
                 except torch.OutOfMemoryError:
                     weight.grad = None
                     torch.cuda.empty_cache()
@@ -349,8 +309,7 @@ def sweep_embedding(dev: DeviceIdentity, profile_name, log=None) -> list[dict]:
                 rows.append({
                     "direction": direction, "B": p.B, "E": p.E, "T": p.T, "L": p.L, "D": p.D, "dtype": dtype,
                     "shape": f"B{p.B}-E{p.E}-T{p.T}-L{p.L}-D{p.D}", "bytes": plain, "index_bytes": INDEX_BYTES,
-                    **params, "held_out": p.held_out, "cold": is_cold, "index_sets": pool,
-                    **meas.row(timing.cv_threshold),
+                    **params, "held_out": p.held_out, "cold": is_cold, **meas.row(timing.cv_threshold),
                     **(call if direction == "backward" else {}),
                 })
                 timed_at.append((i, direction, is_cold))
@@ -382,7 +341,7 @@ def _second_visits(rows: list[dict], timed_at: list[tuple[int, str, bool]], todo
         i, direction, _ = timed_at[r]
         dtype, p = todo[i]
         weight = tables.get(p.T * p.E, p.D, dtype, group_rows[(dtype, p.D)])
-        return _callable(direction, weight, _index_sets(p, device, rows[r]["index_sets"]))
+        return _callable(direction, weight, *_inputs(p, device))
 
     replaced = 0
     for (_, _, is_cold), members in groups.items():

@@ -91,7 +91,7 @@ def test_usual_probes_refuses_a_table_without_readings_or_a_missing_file(tmp_pat
     assert "cannot read its rows" in capsys.readouterr().err
 
 
-def test_the_elb_probe_times_three_builds_and_refuses_what_it_cannot_time(tmp_path, monkeypatch, capsys):
+def test_the_elb_probe_times_two_builds_and_refuses_what_it_cannot_time(tmp_path, monkeypatch, capsys):
     probe = _load("probe_elb_in_step")
     monkeypatch.setenv("DEVCHAR_HOME", str(tmp_path))  # no warehouse: timings only
     assert probe.main(["--configs", "tiny", "--batch", "4", "--rounds", "1", "--steps", "1"]) == 0

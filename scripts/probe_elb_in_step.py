@@ -27,22 +27,16 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _median_ms(fn, steps: int, warmup: int = 5) -> float:
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(steps):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e3
+    """A step's median over `steps` after `warmup`, timed as the workload runs time it."""
+    from pipeline.harness.timer import TimingSpec, measure_step
+
+    return measure_step(fn, TimingSpec.fixed(warmup, steps), "cpu").median_us / 1e3
 
 
 def _variants(spec, batch: int):

@@ -53,27 +53,12 @@ def _variants(spec, batch: int):
 def _priced(device: str | None) -> dict:
     """(config, batch) -> (priced EL-B ms, traced EL-B ms) of the warehouse's DLRM captures; {}
     without a warehouse."""
+    from pipeline.analysis.captures import priced_captures
     from pipeline.core.config import devchar_home
 
-    db = os.path.join(devchar_home(), "devchar.duckdb")
-    if not os.path.isfile(db):
-        return {}
-    import duckdb
-    import pandas as pd
-
-    from pipeline.core.config import model_store_root
-    from pipeline.predict import store
-    from pipeline.predict.graph_predict import load_graph, predict_graph
-
-    con = duckdb.connect(db, read_only=True)
-    device = device or con.execute("SELECT device FROM devices LIMIT 1").fetchone()[0]
-    graphs = con.execute("SELECT * FROM workload_graphs WHERE device = ? AND workload = 'dlrm'", [device]).df()
-    models = {m: store.load(model_store_root(), device, m)
-              for m in ("gemm_model", "utility_model", "embedding_model", "memory_model")}
+    found = priced_captures(os.path.join(devchar_home(), "devchar.duckdb"), "dlrm", device)
     out = {}
-    for g in graphs.to_dict("records"):
-        graph, shapes, scalars, strides = load_graph(g["graph_json"])
-        ops = pd.DataFrame(predict_graph(graph, shapes, scalars, models, g["dtype"], {}, True, strides)["coverage"]["ops"])
+    for g, ops in found[1] if found else []:
         elb = ops[ops["model_op"] == "embedding:backward"]
         traced = elb["measured_us"].sum() + ops.loc[ops["status"] == "covered", "measured_us"].sum()
         out[(g["config"], int(g["batch"]))] = (elb["predicted_us"].sum() / 1e3, traced / 1e3)

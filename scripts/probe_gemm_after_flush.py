@@ -50,26 +50,20 @@ def main(argv: list[str] | None = None) -> int:
     if args.flush_mb < 1:
         ap.error(f"--flush-mb must be positive, got {args.flush_mb}")
 
-    import duckdb
     import pandas as pd
     import torch
 
-    from pipeline.core.config import devchar_home, model_store_root
-    from pipeline.predict import store
-    from pipeline.predict.graph_predict import load_graph, predict_graph
+    from pipeline.analysis.captures import priced_captures
+    from pipeline.core.config import devchar_home
     from pipeline.sweeps.gemm import gemm_callable
 
     db = os.path.join(devchar_home(), "devchar.duckdb")
-    if not os.path.isfile(db):
+    found = priced_captures(db, args.workload, args.device)
+    if found is None:
         raise SystemExit(f"probe_gemm_after_flush: no warehouse at {db}; set DEVCHAR_HOME")
-    con = duckdb.connect(db, read_only=True)
-    device = args.device or con.execute("SELECT device FROM devices LIMIT 1").fetchone()[0]
-    graphs = con.execute("SELECT * FROM workload_graphs WHERE device = ? AND workload = ?",
-                         [device, args.workload]).df()
-    if graphs.empty:
+    device, captures = found
+    if not captures:
         raise SystemExit(f"probe_gemm_after_flush: no {args.workload!r} captures of {device} in {db}")
-    models = {m: store.load(model_store_root(), device, m)
-              for m in ("gemm_model", "utility_model", "embedding_model", "memory_model")}
     flush = torch.zeros(args.flush_mb << 18)  # float32: 4 bytes each
     stride = 16  # one element per 64-byte line
 
@@ -77,10 +71,7 @@ def main(argv: list[str] | None = None) -> int:
         flush[::stride].add_(1.0)
 
     cache, rows = {}, []
-    for g in graphs.to_dict("records"):
-        graph, shapes, scalars, strides = load_graph(g["graph_json"])
-        got = predict_graph(graph, shapes, scalars, models, g["dtype"], {}, True, strides)
-        ops = pd.DataFrame(got["coverage"]["ops"])
+    for g, ops in captures:
         gemms = ops[ops["model_op"].isin(["mm", "linear", "bmm"]) & (ops["status"] == "priced")]
         for r in gemms.itertuples():
             key = (r.model_op, tuple(r.dims), g["dtype"])

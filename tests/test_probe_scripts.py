@@ -104,3 +104,20 @@ def test_the_elb_probe_times_two_builds_and_refuses_what_it_cannot_time(tmp_path
         with pytest.raises(SystemExit) as exc:
             probe.main(argv)
         assert exc.value.code == 2 and said in capsys.readouterr().err
+
+
+def test_priced_captures_names_the_warehouse_device_and_loads_no_models_without_captures(tmp_path):
+    import duckdb
+
+    from pipeline.analysis.captures import priced_captures
+
+    db = tmp_path / "devchar.duckdb"
+    assert priced_captures(str(db), "dlrm") is None
+    with duckdb.connect(str(db)) as con:
+        con.execute("CREATE TABLE devices (device VARCHAR)")
+        con.execute("INSERT INTO devices VALUES ('cpu-test-2c')")
+        con.execute("CREATE TABLE workload_graphs (device VARCHAR, workload VARCHAR, graph_json VARCHAR)")
+        con.execute("INSERT INTO workload_graphs VALUES ('cpu-test-2c', 'gpt2', '{}')")
+    # no model store for the device: loading its models would fail, so none were loaded
+    assert priced_captures(str(db), "dlrm") == ("cpu-test-2c", [])
+    assert priced_captures(str(db), "dlrm", "cpu-other-1c") == ("cpu-other-1c", [])

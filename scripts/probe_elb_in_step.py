@@ -54,9 +54,9 @@ def _priced(device: str | None) -> dict:
     """(config, batch) -> (priced EL-B ms, traced EL-B ms) of the warehouse's DLRM captures; {}
     without a warehouse."""
     from pipeline.analysis.captures import priced_captures
-    from pipeline.core.config import devchar_home
+    from pipeline.core.config import duckdb_path
 
-    found = priced_captures(os.path.join(devchar_home(), "devchar.duckdb"), "dlrm", device)
+    found = priced_captures(str(duckdb_path()), "dlrm", device)
     out = {}
     for g, ops in found[1] if found else []:
         elb = ops[ops["model_op"] == "embedding:backward"]

@@ -54,10 +54,10 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from pipeline.analysis.captures import priced_captures
-    from pipeline.core.config import devchar_home
+    from pipeline.core.config import duckdb_path
     from pipeline.sweeps.gemm import gemm_callable
 
-    db = os.path.join(devchar_home(), "devchar.duckdb")
+    db = str(duckdb_path())
     found = priced_captures(db, args.workload, args.device)
     if found is None:
         raise SystemExit(f"probe_gemm_after_flush: no warehouse at {db}; set DEVCHAR_HOME")

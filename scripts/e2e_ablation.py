@@ -35,7 +35,7 @@ import pandas as pd
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from pipeline.core.config import model_store_root  # noqa: E402
+from pipeline.core.config import duckdb_path, model_store_root  # noqa: E402
 from pipeline.predict import store  # noqa: E402
 from pipeline.predict.embedding import EmbeddingModel  # noqa: E402
 from pipeline.predict.evaluate import error_table, gemm_predictions  # noqa: E402
@@ -125,8 +125,7 @@ def main() -> None:
     ap.add_argument("--device", default=None)
     ap.add_argument("--only", nargs="+", choices=list(VARIANTS), help="these variants alone (default: every one)")
     args = ap.parse_args()
-    home = os.environ.get("DEVCHAR_HOME", ".devchar")
-    con = duckdb.connect(os.path.join(home, "devchar.duckdb"), read_only=True)
+    con = duckdb.connect(str(duckdb_path()), read_only=True)
     device = args.device or con.execute("SELECT device FROM devices LIMIT 1").fetchone()[0]
     rows = lambda t: con.execute(f"SELECT * FROM {t} WHERE device = ?", [device]).df()  # noqa: E731
     gemm, emb = rows("gemm_samples"), rows("embedding_samples")

@@ -23,7 +23,7 @@ import duckdb
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from pipeline.core.config import reference_root  # noqa: E402
+from pipeline.core.config import duckdb_path, reference_root  # noqa: E402
 from pipeline.core.slugs import check_slug, under  # noqa: E402
 from pipeline.runner import SWEEPS, tables_of  # noqa: E402
 
@@ -57,7 +57,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--device", default=None, help="the slug to export (default: the warehouse's only device)")
     args = ap.parse_args()
-    db = Path(os.environ.get("DEVCHAR_HOME", ".devchar")) / "devchar.duckdb"
+    db = duckdb_path()
     if not db.exists():
         raise SystemExit(f"export_reference: no warehouse at {db}; set DEVCHAR_HOME to a make run's home")
     con = duckdb.connect(str(db), read_only=True)

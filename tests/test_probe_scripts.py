@@ -29,7 +29,7 @@ def test_the_idle_probe_times_every_op_after_every_gap_with_all_threads_and_one(
     assert {ln.split(" idle:")[0].split("after")[1].strip() for ln in lines} == {f"{g} us" for g in probe.GAPS_US}
 
 
-@pytest.mark.parametrize("name", ["probe_thread_wake", "probe_after_large_op"])
+@pytest.mark.parametrize("name", ["probe_thread_wake", "probe_after_large_op", "probe_unaligned_n"])
 def test_a_probe_refuses_a_count_below_one(name, capsys):
     with pytest.raises(SystemExit) as exc:
         _load(name).main(["--reps", "0"])
@@ -121,3 +121,17 @@ def test_priced_captures_names_the_warehouse_device_and_loads_no_models_without_
     # no model store for the device: loading its models would fail, so none were loaded
     assert priced_captures(str(db), "dlrm") == ("cpu-test-2c", [])
     assert priced_captures(str(db), "dlrm", "cpu-other-1c") == ("cpu-other-1c", [])
+
+
+def test_the_unaligned_n_probe_times_each_base_and_its_twin_at_each_m(capsys):
+    assert _load("probe_unaligned_n").main(["--m", "2,3", "--k", "8", "--bases", "16,32", "--reps", "1"]) == 0
+    rows = [ln.split() for ln in capsys.readouterr().out.splitlines()[2:]]
+    assert [(r[0], r[1]) for r in rows] == [("2", "16"), ("2", "32"), ("3", "16"), ("3", "32")]
+    assert all(float(r[-1]) > 0 for r in rows)
+
+
+@pytest.mark.parametrize("argv,said", [(["--bases", "16,x"], "--bases must be comma-separated whole numbers"),
+                                       (["--m", "0"], "--m needs positive values, got '0'")])
+def test_the_unaligned_n_probe_refuses_shapes_it_cannot_time(argv, said):
+    with pytest.raises(SystemExit, match=said):
+        _load("probe_unaligned_n").main(argv)

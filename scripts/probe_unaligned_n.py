@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -28,17 +27,6 @@ def _ints(text: str, name: str) -> list[int]:
     if not values or min(values) < 1:
         raise SystemExit(f"probe_unaligned_n: --{name} needs positive values, got {text!r}")
     return values
-
-
-def _median_us(fn, reps: int) -> float:
-    fn()  # warm: first-touch of the inputs, the BLAS's own buffers
-    times = []
-    for _ in range(reps):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    times.sort()
-    return times[len(times) // 2] * 1e6
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -56,15 +44,21 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(f"--{name} must be positive, got {getattr(args, name)}")
 
     from pipeline.core.dtypes import element_bytes
+    from pipeline.harness.timer import TimingSpec, measure_once
+    from pipeline.predict.gemm_grids import line_elements
     from pipeline.sweeps.gemm import gemm_callable
 
-    line = 64 // element_bytes(args.dtype)
+    spec = TimingSpec.fixed(1, args.reps)  # one warm-up call (first touch, the BLAS's buffers), then reps
+
+    def median_us(m: int, n: int) -> float:
+        return measure_once(gemm_callable(args.op, args.dtype, 1, m, n, args.k, "cpu"), spec).median_us
+
+    line = line_elements(args.dtype)
     print(f"{args.op} {args.dtype}, K = {args.k}: median of {args.reps} calls, ns a column")
     print(f"{'M':>6} {'N':>7} {'N mod line':>10} {'row mod 4K':>10} {'ns/col':>9} {'N+1 ns/col':>10} {'N+1 / N':>8}")
     for m in ms:
         for n in bases:
-            base = _median_us(gemm_callable(args.op, args.dtype, 1, m, n, args.k, "cpu"), args.reps)
-            twin = _median_us(gemm_callable(args.op, args.dtype, 1, m, n + 1, args.k, "cpu"), args.reps)
+            base, twin = median_us(m, n), median_us(m, n + 1)
             row = n * element_bytes(args.dtype) % 4096
             print(f"{m:>6} {n:>7} {n % line:>10} {row:>10} {base / n * 1e3:>9.0f} "
                   f"{twin / (n + 1) * 1e3:>10.0f} {twin / base:>8.2f}", flush=True)
